@@ -1,0 +1,62 @@
+"""Absolute position encodings: a vector added to each token embedding.
+
+Sinusoidal (Vaswani et al. 2017), in the paper's interleaved convention:
+``PE[p, 2i] = sin(p * w_i)``, ``PE[p, 2i+1] = cos(p * w_i)``, ``w_i = base ** (-2i / d)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum, rearrange
+from torch import nn
+
+from .errors import PositionOutOfRange, check_even, check_positive
+
+
+def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """``w_i = base ** (-2i / d)`` for ``i = 0 .. d/2 - 1`` in float64."""
+    check_even("sinusoidal dimension", dim)
+    check_positive("sinusoidal base", base)
+    return float(base) ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def sinusoidal_encoding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """``PE[p] = (sin(p w_0), cos(p w_0), sin(p w_1), cos(p w_1), ...)`` for positions ``... n``: ``... n d``, float64."""
+    angles = einsum(positions.to(torch.float64), sinusoidal_frequencies(dim, base), "... n, f -> ... n f")
+    return rearrange([angles.sin(), angles.cos()], "r ... f -> ... (f r)")
+
+
+def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The ``num_positions x dim`` table of :func:`sinusoidal_encoding` at positions ``0 .. num_positions - 1``."""
+    check_positive("num_positions", num_positions)
+    return sinusoidal_encoding(torch.arange(num_positions), dim, base)
+
+
+def sinusoidal_shift(offset: int, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The ``d x d`` matrix ``M_k`` with ``PE(p + k) = M_k PE(p)`` for every ``p`` (Vaswani et al. 2017, sec. 3.5).
+
+    It is block-diagonal: block ``i`` is the rotation ``[[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]]``,
+    from the angle-addition formulas ``sin(a + b) = sin a cos b + cos a sin b``, ``cos(a + b) = cos a cos b - sin a sin b``.
+    """
+    w = sinusoidal_frequencies(dim, base) * offset
+    c, s = w.cos(), w.sin()
+    blocks = torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)  # f 2 2
+    return torch.block_diag(*blocks)
+
+
+class LearnedPositions(nn.Module):
+    """A learned table of ``max_len`` position vectors (GPT-2); it has nothing to say past its end."""
+
+    def __init__(self, max_len: int, dim: int, init_std: float = 0.02):
+        super().__init__()
+        check_positive("learned table length", max_len)
+        self.max_len = max_len
+        self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if positions.numel() and (int(positions.max()) >= self.max_len or int(positions.min()) < 0):
+            raise PositionOutOfRange(
+                f"learned absolute positions exist for 0..{self.max_len - 1}, asked for position "
+                f"{int(positions.max())}: a learned table cannot extrapolate past its training length"
+            )
+        return self.table[positions]

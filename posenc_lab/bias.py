@@ -1,0 +1,184 @@
+"""Score biases: a number ``b[h, i, j]`` added to the attention logit of query ``i`` and key ``j`` in head ``h``.
+
+Conventions: positions are absolute token indices; the *distance* is ``i - j >= 0`` for the keys a
+causal query can see. T5 states its buckets in terms of ``relative_position = key - query = j - i``,
+as in the original Mesh TensorFlow code; everything else here is written in ``i - j``.
+Each bias is a pure function of the positions (plus the encoding's parameters), so the same
+function fills a materialized ``h x n x n`` tensor and, in :mod:`posenc_lab.attention`, a
+FlexAttention ``score_mod`` that never materializes one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from .errors import PosencError
+
+
+def check_heads(num_heads) -> None:
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
+        raise PosencError(f"the number of heads must be a positive integer, got {num_heads!r}")
+
+
+def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """``i - j`` for every query position ``i`` and key position ``j``: shape ``nq x nk``."""
+    return rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j")
+
+
+# --------------------------------------------------------------------------------------------- ALiBi
+
+
+def _geometric_slopes(n: int) -> list[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (h + 1) for h in range(n)]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022), float64.
+
+    For ``n`` a power of two: the geometric sequence ``2^(-8/n), 2^(-16/n), ..., 2^(-8)``.
+    Otherwise, as in the paper's reference code: the ``p`` slopes of the largest power of two
+    ``p < n``, then the first ``n - p`` of every other slope of ``2p`` heads
+    (``2^(-4/p), 2^(-12/p), ...``: the ones that interleave with the first ``p``).
+    """
+    check_heads(num_heads)
+    p = 2 ** math.floor(math.log2(num_heads))
+    slopes = _geometric_slopes(p) + _geometric_slopes(2 * p)[0::2][: num_heads - p]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """``b[h, i, j] = -m_h |i - j|``: a penalty linear in distance (``m_h (j - i)`` for the causal keys ``j <= i``)."""
+    return -rearrange(slopes, "h -> h 1 1") * distances(q_pos, k_pos).abs()
+
+
+# --------------------------------------------------------------------------------------------- T5
+
+
+def t5_bucket(
+    relative_position: torch.Tensor,
+    *,
+    bidirectional: bool,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """T5's relative-position bucket (Raffel et al. 2020) for ``relative_position = key - query``.
+
+    Let ``n = query - key``. Bidirectional: half the buckets are for keys after the query
+    (``n < 0``, offset by ``num_buckets / 2``) and ``n`` becomes ``|n|``; causal: ``n = max(n, 0)``.
+    With ``B`` buckets left per direction, distances ``n < B/2`` each get their own bucket; larger ones
+    share logarithmically wider buckets,
+    ``B/2 + floor(ln(n / (B/2)) / ln(max_distance / (B/2)) * (B - B/2))``, capped at ``B - 1``.
+    """
+    if num_buckets < 2 or (bidirectional and num_buckets < 4):
+        raise PosencError(f"num_buckets too small for T5 buckets: {num_buckets}")
+    n = -relative_position.long()
+    bucket = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    exact = num_buckets // 2
+    # clamp before the log so that n = 0 (where the exact branch is taken anyway) stays finite
+    log_ratio = torch.log(n.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+class T5Bias(nn.Module):
+    """A learned bias per head and bucket: ``b[h, i, j] = table[bucket(j - i), h]``, shared by all layers as in T5."""
+
+    def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
+        super().__init__()
+        check_heads(num_heads)
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
+
+    def buckets(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return t5_bucket(
+            -distances(q_pos, k_pos),
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return rearrange(self.table[self.buckets(q_pos, k_pos)], "i j h -> h i j")
+
+
+# --------------------------------------------------------------------------------------------- KERPLE
+
+
+def kerple_log_bias(r1: torch.Tensor, r2: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)`` with ``r1, r2 > 0``.
+
+    A conditionally positive definite kernel turned into a bias: logarithmic, so it penalises far
+    keys far less than ALiBi's linear penalty does.
+    """
+    d = distances(q_pos, k_pos).abs().to(r1.dtype)
+    return -rearrange(r1, "h -> h 1 1") * torch.log1p(rearrange(r2, "h -> h 1 1") * d)
+
+
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+class KerpleLog(nn.Module):
+    """Learned KERPLE-log parameters per head, kept positive through a softplus."""
+
+    def __init__(self, num_heads: int, *, init_r1: float = 1.0, init_r2: float = 1.0):
+        super().__init__()
+        check_heads(num_heads)
+        # heads start from a spread of r2 around init_r2 so that they look at different ranges
+        spread = torch.logspace(-1, 1, num_heads, base=2.0) if num_heads > 1 else torch.ones(1)
+        self.raw_r1 = nn.Parameter(inverse_softplus(torch.full((num_heads,), init_r1)))
+        self.raw_r2 = nn.Parameter(inverse_softplus(init_r2 * spread))
+
+    def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.softplus(self.raw_r1), F.softplus(self.raw_r2)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return kerple_log_bias(*self.params(), q_pos, k_pos)
+
+
+# --------------------------------------------------------------------------------------------- FIRE
+
+
+def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """FIRE's normalised distance ``psi(i - j) / psi(max(L, i))`` with ``psi(x) = ln(c x + 1)`` (Li et al. 2023).
+
+    For the causal keys ``0 <= i - j <= i`` it lies in [0, 1] at every length: that is how FIRE
+    interpolates rather than extrapolates. (Future keys are clamped to distance 0; they are masked.)
+    """
+    d = distances(q_pos, k_pos).clamp(min=0).to(c.dtype)
+    i = rearrange(q_pos, "i -> i 1").to(c.dtype)
+    return torch.log1p(c * d) / torch.log1p(c * torch.maximum(threshold, i))
+
+
+class FIRE(nn.Module):
+    """FIRE: ``b[h, i, j] = f_theta(psi(i - j) / psi(max(L, i)))[h]``, ``f_theta`` a 1 -> hidden -> heads ReLU MLP.
+
+    ``c > 0`` and the threshold ``L > 0`` are learned (through a softplus). Our initialisation:
+    ``c = 1``, ``L = init_threshold`` (the training length when built through the registry).
+    """
+
+    def __init__(self, num_heads: int, *, hidden: int = 32, init_c: float = 1.0, init_threshold: float = 512.0):
+        super().__init__()
+        check_heads(num_heads)
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
+        self.raw_c = nn.Parameter(inverse_softplus(torch.tensor(float(init_c))))
+        self.raw_threshold = nn.Parameter(inverse_softplus(torch.tensor(float(init_threshold))))
+
+    def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.softplus(self.raw_c), F.softplus(self.raw_threshold)
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        x = fire_input(q_pos, k_pos, *self.params())
+        return rearrange(self.mlp(rearrange(x, "i j -> i j 1")), "i j h -> h i j")

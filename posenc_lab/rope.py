@@ -1,0 +1,300 @@
+"""Rotary position embedding (RoPE), its extrapolation strategies, and xPos.
+
+Conventions (the book's chapter 3 derives them):
+
+* A head vector of even size ``d`` is split into ``d/2`` pairs; pair ``i`` is rotated by the
+  angle ``m * theta_i`` at position ``m``, with ``theta_i = base ** (-2 i / d)`` (Su et al. 2021).
+* Two layouts say which coordinates form a pair:
+  ``"half"``: pair ``i`` is ``(x[i], x[i + d/2])`` (GPT-NeoX, Hugging Face Llama ``rotate_half``);
+  ``"interleaved"``: pair ``i`` is ``(x[2i], x[2i+1])`` (RoFormer, GPT-J, Meta's original LLaMA).
+  Both give the same scores once the head dimensions are permuted accordingly.
+* Angles, cosines and sines are computed in float64 and the rotation in float32 or better,
+  whatever the input dtype: at position 32,768 a float16 angle would be off by whole radians.
+* Every scaling strategy is a pure function returning ``(inv_freq, attention_factor)``; the
+  attention factor multiplies both the rotated query and the rotated key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from einops import einsum, rearrange
+
+from .errors import PosencError, check_even, check_positive, unknown_name
+
+LAYOUTS = ("half", "interleaved")
+# einops pattern that splits the last axis into (pair member r, pair index f) for each layout
+_PAIR_PATTERN = {"half": "... (r f) -> r ... f", "interleaved": "... (f r) -> r ... f"}
+_UNPAIR_PATTERN = {"half": "r ... f -> ... (r f)", "interleaved": "r ... f -> ... (f r)"}
+
+
+def inv_freq(dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Rotation frequencies ``theta_i = base ** (-2 i / dim)`` for ``i = 0 .. dim/2 - 1`` (Su et al. 2021).
+
+    Pair ``i`` turns by ``theta_i`` radians per position: its wavelength is ``2 pi / theta_i``
+    positions, from ``2 pi`` (i = 0) up to almost ``2 pi * base`` (the last pair).
+    """
+    check_even("RoPE head dimension", dim)
+    check_positive("RoPE base", base)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+    return (float(base) ** -exponents).to(dtype)
+
+
+def wavelengths(freqs: torch.Tensor) -> torch.Tensor:
+    """Wavelength ``2 pi / theta_i`` of each pair, in positions."""
+    return 2 * math.pi / freqs
+
+
+# ---------------------------------------------------------------------------------------------
+# Extrapolation strategies: (dim, base, factor, train_len, seq_len, **options) -> (inv_freq, attention_factor)
+
+RopeScaling = Callable[..., tuple[torch.Tensor, float]]
+ROPE_SCALINGS: dict[str, RopeScaling] = {}
+
+
+def _register(name: str):
+    def add(fn: RopeScaling) -> RopeScaling:
+        ROPE_SCALINGS[name] = fn
+        return fn
+
+    return add
+
+
+@_register("none")
+def _no_scaling(dim, base, factor, train_len, seq_len):
+    """Plain RoPE: the frequencies are used as trained, at every length."""
+    return inv_freq(dim, base), 1.0
+
+
+@_register("pi")
+def _position_interpolation(dim, base, factor, train_len, seq_len):
+    """Position interpolation (Chen et al. 2023): position ``m`` is read as ``m / s``.
+
+    Dividing every position by ``s`` is the same as dividing every frequency by ``s``:
+    ``theta_i' = theta_i / s``, so a sequence ``s`` times the training length is rotated
+    only through angles seen in training.
+    """
+    return inv_freq(dim, base) / factor, 1.0
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """NTK-aware base ``base' = base * s ** (d / (d - 2))`` (bloc97, 2023).
+
+    The exponent is chosen so that the lowest frequency ``theta_{d/2-1}`` is divided by exactly ``s``
+    (interpolated like PI) while the highest, ``theta_0 = 1``, is unchanged (extrapolated).
+    """
+    return base * factor ** (dim / (dim - 2))
+
+
+@_register("ntk")
+def _ntk(dim, base, factor, train_len, seq_len):
+    """Static NTK-aware scaling: plain RoPE with the base raised to ``base * s ** (d/(d-2))``."""
+    return inv_freq(dim, ntk_base(base, factor, dim)), 1.0
+
+
+@_register("dynamic-ntk")
+def _dynamic_ntk(dim, base, factor, train_len, seq_len):
+    """Dynamic NTK: NTK-aware scaling with ``s = max(1, seq_len / train_len)`` for the current length.
+
+    At or below the training length it is exactly plain RoPE. (As in the Hugging Face and Qwen
+    implementations, with the ``alpha`` of the former equal to 1.) The factor is always derived
+    from ``seq_len``; a position-wise variant, where the token at position ``p`` uses the base for
+    length ``p + 1`` as in generation with a key/value cache, is :func:`dynamic_ntk_angles`.
+    """
+    s = max(1.0, seq_len / train_len)
+    return inv_freq(dim, ntk_base(base, s, dim)), 1.0
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's temperature: ``sqrt(1/t) = 0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22), 1 for ``s <= 1``."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def yarn_ramp(
+    dim: int,
+    base: float,
+    train_len: int,
+    *,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    ramp: str = "rotations",
+) -> torch.Tensor:
+    """YaRN's per-pair extrapolation weight ``gamma_i`` in [0, 1] (Peng et al. 2023, "NTK-by-parts").
+
+    ``r_i = train_len / wavelength_i`` is how many full turns pair ``i`` makes within the training
+    length. Pairs with ``r_i > beta_fast`` are kept as trained (``gamma = 1``, extrapolate), pairs with
+    ``r_i < beta_slow`` are interpolated like PI (``gamma = 0``), and in between
+
+    * ``ramp="rotations"`` (the paper's equation): ``gamma = (r - beta_slow) / (beta_fast - beta_slow)``;
+    * ``ramp="index"`` (the authors' reference code): ``gamma`` falls linearly in the pair index ``i``
+      between ``floor(i(beta_fast))`` and ``ceil(i(beta_slow))``, where ``i(n) = d ln(L / (2 pi n)) / (2 ln base)``
+      is the (fractional) pair that makes exactly ``n`` turns in ``L`` positions.
+    """
+    freqs = inv_freq(dim, base)
+    if ramp == "rotations":
+        turns = train_len / wavelengths(freqs)
+        return ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+    if ramp == "index":
+
+        def pair_making(turns: float) -> float:
+            return dim * math.log(train_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(pair_making(beta_fast)), 0)
+        high = min(math.ceil(pair_making(beta_slow)), dim // 2 - 1)
+        if high == low:
+            high = low + 0.001  # the reference code's guard against a zero-width ramp
+        index = torch.arange(dim // 2, dtype=torch.float64)
+        return 1.0 - ((index - low) / (high - low)).clamp(0.0, 1.0)
+    raise unknown_name("YaRN ramp", ramp, ("rotations", "index"))
+
+
+@_register("yarn")
+def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, ramp="rotations", mscale=None):
+    """YaRN (Peng et al. 2023): ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``, attention factor ``0.1 ln s + 1``.
+
+    ``gamma_i`` is :func:`yarn_ramp`; ``mscale`` overrides the attention factor.
+    """
+    gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
+    freqs = inv_freq(dim, base)
+    scaled = (1 - gamma) * freqs / factor + gamma * freqs
+    return scaled, yarn_attention_factor(factor) if mscale is None else float(mscale)
+
+
+def resolve_factor(train_len: int, seq_len: int | None, factor: float | None) -> float:
+    """The scale factor ``s``: as given, else ``max(1, seq_len / train_len)``, else 1.
+
+    A factor below 1 would *shrink* the rotation range below what was trained (a bug in the
+    article's code for sequences shorter than the training length), so it is an error.
+    """
+    if factor is not None:
+        if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1:
+            raise PosencError(f"RoPE scaling factor must be a number >= 1, got {factor!r}")
+        return float(factor)
+    if seq_len is None:
+        return 1.0
+    return max(1.0, seq_len / train_len)
+
+
+def scaled_inv_freq(
+    method: str,
+    dim: int,
+    *,
+    base: float = 10000.0,
+    train_len: int,
+    seq_len: int | None = None,
+    factor: float | None = None,
+    **options,
+) -> tuple[torch.Tensor, float]:
+    """Frequencies and attention factor of RoPE extrapolation strategy ``method`` (see ``ROPE_SCALINGS``).
+
+    ``factor`` defaults to ``max(1, seq_len / train_len)``; ``options`` are the strategy's own
+    (``beta_fast``, ``beta_slow``, ``ramp``, ``mscale`` for YaRN).
+    """
+    if method not in ROPE_SCALINGS:
+        raise unknown_name("RoPE scaling", method, ROPE_SCALINGS)
+    check_even("RoPE head dimension", dim)
+    check_positive("train_len", train_len)
+    if seq_len is not None:
+        check_positive("seq_len", seq_len)
+    if method == "dynamic-ntk":
+        if seq_len is None:
+            raise PosencError("dynamic-ntk derives its factor from the sequence length: pass seq_len")
+        if factor is not None:
+            raise PosencError("dynamic-ntk derives its factor from seq_len; use 'ntk' for a fixed factor")
+    s = resolve_factor(train_len, seq_len, factor)
+    try:
+        return ROPE_SCALINGS[method](dim, float(base), s, train_len, seq_len, **options)
+    except TypeError as err:  # an option the strategy does not take
+        raise PosencError(f"RoPE scaling {method!r} got an unexpected option: {err}") from None
+
+
+def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000.0, train_len: int) -> torch.Tensor:
+    """Angles of position-wise dynamic NTK: position ``p`` uses the NTK base for length ``max(p + 1, train_len)``.
+
+    This is what a model generating one token at a time with a key/value cache sees under
+    dynamic NTK: each key keeps the rotation it got when it was appended. Shape ``... n d/2``.
+    """
+    check_even("RoPE head dimension", dim)
+    p = positions.to(torch.float64)
+    s = ((p + 1) / train_len).clamp(min=1.0)  # ... n
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # f
+    bases = base * s[..., None] ** (dim / (dim - 2))  # ... n 1
+    return p[..., None] * bases ** -exponents
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying the rotation
+
+
+def rope_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """``m * theta_i`` in float64 for positions ``... n`` and frequencies ``f``: shape ``... n f``."""
+    return einsum(positions.to(torch.float64), freqs.to(torch.float64), "... n, f -> ... n f")
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """Rotate each pair ``(a, b)`` of ``x`` (``... n d``) to ``(a cos - b sin, a sin + b cos)``.
+
+    ``cos`` and ``sin`` are ``... n d/2`` and broadcast against ``x`` from the right. The pairs are
+    read *and written back* in the same layout. The arithmetic runs in float32 or better.
+    """
+    if layout not in LAYOUTS:
+        raise unknown_name("RoPE layout", layout, LAYOUTS)
+    if x.shape[-1] % 2:
+        raise PosencError(f"RoPE needs an even head dimension, got {x.shape[-1]}")
+    if cos.shape[-1] != x.shape[-1] // 2:
+        raise PosencError(f"RoPE tables have {cos.shape[-1]} pairs but the head dimension {x.shape[-1]} has {x.shape[-1] // 2}")
+    compute = torch.promote_types(x.dtype, torch.float32)
+    a, b = rearrange(x.to(compute), _PAIR_PATTERN[layout], r=2)
+    cos, sin = cos.to(compute), sin.to(compute)
+    rotated = rearrange([a * cos - b * sin, a * sin + b * cos], _UNPAIR_PATTERN[layout])
+    return rotated.to(x.dtype)
+
+
+def apply_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    layout: str = "half",
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
+    """RoPE: rotate pair ``i`` of the vector at position ``m`` by ``m * theta_i`` and scale by ``attention_factor``.
+
+    ``x`` is ``... n d``, ``positions`` is ``n`` (or anything broadcasting to ``... n``), ``inv_freq`` is ``d/2``.
+    With this, ``<R_m q, R_n k> = Re[sum_i q_i conj(k_i) e^{i (m - n) theta_i}]`` depends on ``m - n`` only.
+    """
+    angles = rope_angles(positions, inv_freq)
+    return rotate(x, angles.cos() * attention_factor, angles.sin() * attention_factor, layout)
+
+
+def xpos_zeta(dim: int, gamma: float = 0.4) -> torch.Tensor:
+    """xPos per-pair decay base ``zeta_i = (2 i / d + gamma) / (1 + gamma)`` in (0, 1] (Sun et al. 2022)."""
+    check_even("xPos head dimension", dim)
+    return (torch.arange(0, dim, 2, dtype=torch.float64) / dim + gamma) / (1 + gamma)
+
+
+def apply_xpos(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    scale_base: float = 512.0,
+    gamma: float = 0.4,
+    layout: str = "half",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """xPos: RoPE with query pair ``i`` at ``m`` scaled by ``zeta_i ** (m / scale_base)`` and key pair at ``n`` by ``zeta_i ** (-n / scale_base)``.
+
+    The score then carries ``zeta_i ** ((m - n) / scale_base)``, a decay with distance that still
+    depends on ``m - n`` only. Positions are centred on the middle of the sequence first: that changes
+    no score but keeps the two powers inside float32's range at long lengths.
+    """
+    check_positive("xPos scale_base", scale_base)
+    angles = rope_angles(positions, inv_freq)
+    p = positions.to(torch.float64)
+    centred = p - torch.div(p.max() + p.min(), 2, rounding_mode="floor") if p.numel() else p
+    scale = xpos_zeta(q.shape[-1], gamma) ** (centred[..., None] / scale_base)  # ... n f
+    cos, sin = angles.cos(), angles.sin()
+    return rotate(q, cos * scale, sin * scale, layout), rotate(k, cos / scale, sin / scale, layout)

@@ -1,0 +1,105 @@
+"""One attention function, several backends (chapters 1 and 9)."""
+
+import pytest
+import torch
+
+import posenc_lab as pl
+from posenc_lab import PosencError, attention, make_encoding
+
+B, H, N, D = 2, 4, 48, 16
+NAMES = sorted(pl.ENCODINGS)
+
+
+def qkv(n=N, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, D, generator=g).to(dtype) for _ in range(3)]
+
+
+def encoding(name, **options):
+    enc = make_encoding(name, d_model=H * D, num_heads=H, train_len=32, **options)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # learned parameters away from their (often zero) initialisation
+        for p in enc.parameters():
+            p.copy_(p + 0.5 * torch.randn(p.shape, generator=g))
+    return enc
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_backend_matches_reference(name, backend):
+    enc = encoding(name)
+    q, k, v = qkv()
+    with torch.no_grad():
+        ref = attention(q, k, v, enc, backend="reference")
+        got = attention(q, k, v, enc, backend=backend)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "dynamic-ntk", "yarn"])
+def test_rope_scalings_match_reference_past_training_length(scaling):
+    enc = encoding("rope", scaling=scaling)
+    q, k, v = qkv(n=128)
+    torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), attention(q, k, v, enc, backend="reference"),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_reference_is_softmax_of_scaled_scores_plus_bias():
+    enc = encoding("alibi")
+    q, k, v = (t.double() for t in qkv(n=6))
+    s = q @ k.transpose(-1, -2) / D**0.5 + enc.bias(torch.arange(6), torch.arange(6)).double()
+    s = s + torch.full((6, 6), float("-inf"), dtype=torch.float64).triu(1)
+    torch.testing.assert_close(attention(q, k, v, enc, backend="reference"), s.softmax(-1) @ v)
+
+
+def test_attention_without_encoding_is_permutation_equivariant():
+    q, k, v = qkv()
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+    out = attention(q, k, v, None, backend="reference", causal=False)
+    permuted = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], None, backend="reference", causal=False)
+    torch.testing.assert_close(permuted, out[:, :, perm])
+
+
+def test_rope_attention_is_not_permutation_equivariant():
+    q, k, v = qkv()
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+    enc = encoding("rope")
+    out = attention(q, k, v, enc, backend="reference", causal=False)
+    permuted = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], enc, backend="reference", causal=False)
+    assert (permuted - out[:, :, perm]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "t5", "kerple"])
+def test_relative_encodings_are_invariant_to_shifting_every_position(name):
+    enc = encoding(name)
+    q, k, v = qkv()
+    base = attention(q, k, v, enc, backend="reference", positions=torch.arange(N))
+    shifted = attention(q, k, v, enc, backend="reference", positions=torch.arange(N) + 1000)
+    torch.testing.assert_close(shifted, base, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_sdpa_close_to_reference():
+    enc = encoding("alibi")
+    q, k, v = qkv(dtype=torch.bfloat16)
+    ref = attention(q, k, v, enc, backend="reference").float()
+    got = attention(q, k, v, enc, backend="sdpa").float()
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_bad_inputs_name_the_problem():
+    q, k, v = qkv()
+    with pytest.raises(PosencError, match="shapes do not match"):
+        attention(q, k[:, :, :10], v)
+    with pytest.raises(PosencError, match="4-d"):
+        attention(q[0], k[0], v[0])
+    with pytest.raises(PosencError, match="valid attention backends: auto, flex, reference, sdpa"):
+        attention(q, k, v, backend="flash")
+    with pytest.raises(PosencError, match="valid encodings: alibi, fire, kerple, learned, nope, rope, sinusoidal, t5, xpos"):
+        make_encoding("absolute", d_model=64, num_heads=4, train_len=8)
+    with pytest.raises(PosencError, match="positive integer"):
+        make_encoding("alibi", d_model=64, num_heads=0, train_len=8)
+    with pytest.raises(PosencError, match="not divisible"):
+        make_encoding("rope", d_model=64, num_heads=3, train_len=8)
+    with pytest.raises(PosencError, match="unexpected option"):
+        make_encoding("alibi", d_model=64, num_heads=4, train_len=8, base=5)
+    with pytest.raises(PosencError, match="positions must have shape"):
+        attention(q, k, v, positions=torch.arange(3))
