@@ -65,17 +65,24 @@ class NoPE(Encoding):
 
 
 class Sinusoidal(Encoding):
-    """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); see :func:`absolute.sinusoidal_encoding`."""
+    """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); see :func:`absolute.sinusoidal_encoding`.
+
+    The table is multiplied by ``scale``. Its entries have RMS ``1/sqrt(2)``, while our token
+    embeddings start at std 0.02 (GPT-2); unscaled, the position signal would swamp the tokens.
+    The default ``0.02 * sqrt(2)`` gives the sinusoids the RMS of a freshly initialised learned
+    table, so sinusoidal and learned start on equal terms. (Vaswani et al. instead multiply the
+    embeddings by ``sqrt(d_model)``; ``scale=1`` gives the unscaled table.)
+    """
 
     name, hook = "sinusoidal", "embed"
 
-    def __init__(self, d_model: int, *, base: float = 10000.0):
+    def __init__(self, d_model: int, *, base: float = 10000.0, scale: float = 0.02 * 2**0.5):
         super().__init__()
         check_even("d_model for sinusoidal positions", d_model)
-        self.d_model, self.base = d_model, base
+        self.d_model, self.base, self.scale = d_model, base, scale
 
     def embed(self, x, positions):
-        return x + absolute.sinusoidal_encoding(positions, self.d_model, self.base).to(x.dtype)
+        return x + (self.scale * absolute.sinusoidal_encoding(positions, self.d_model, self.base)).to(x.dtype)
 
 
 class Learned(Encoding):

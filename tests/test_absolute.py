@@ -43,6 +43,10 @@ def test_learned_table_past_its_end_is_a_clear_error():
 
 
 def test_sinusoidal_embedding_adds_the_table():
-    enc = make_encoding("sinusoidal", d_model=8, num_heads=2, train_len=16)
+    enc = make_encoding("sinusoidal", d_model=8, num_heads=2, train_len=16, scale=0.5)
     x = torch.randn(2, 5, 8)
-    torch.testing.assert_close(enc.embed(x, torch.arange(5)) - x, absolute.sinusoidal_table(5, 8).float().expand(2, 5, 8))
+    torch.testing.assert_close(enc.embed(x, torch.arange(5)) - x, 0.5 * absolute.sinusoidal_table(5, 8).float().expand(2, 5, 8))
+    # the default scale gives the table the RMS of a learned table initialised at std 0.02
+    default = make_encoding("sinusoidal", d_model=64, num_heads=2, train_len=16)
+    added = default.embed(torch.zeros(1, 500, 64), torch.arange(500))
+    assert added.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=1e-3)

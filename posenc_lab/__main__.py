@@ -1,0 +1,124 @@
+"""Command line: ``python -m posenc_lab run|report|presets`` (also installed as ``posenc-lab``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from .encodings import ENCODINGS
+from .errors import PosencError, TrainingDiverged
+from .evaluate import MODES
+from .rope import ROPE_SCALINGS
+
+EPILOG = """examples:
+  python -m posenc_lab run --preset ci --out runs/smoke
+  python -m posenc_lab run --preset cpu --encodings rope,alibi,t5 --out runs/cpu
+  python -m posenc_lab run --preset cpu --encodings rope --finetune pi,yarn --finetune-steps 200 --finetune-len 512 --out runs/ft
+  python -m posenc_lab report runs/cpu
+
+A run writes config.json, units/ (one file per finished encoding and seed), checkpoints/,
+results.csv and results.json to --out. Running the same command again continues where it stopped.
+"""
+
+
+def _names(text: str, valid, kind: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if names == ("all",):
+        return tuple(valid)
+    for n in names:
+        if n not in valid:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {n!r}; valid: {', '.join(valid)} (or 'all')")
+    return names
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    from .experiment import PRESETS
+
+    p = argparse.ArgumentParser(prog="posenc-lab", description="Train with each position encoding at one length, "
+                                "evaluate far beyond it.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train and evaluate (continues an interrupted run)", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--preset", default="cpu", help=f"starting configuration: {', '.join(PRESETS)} (default cpu; "
+                   "see `posenc-lab presets`)")
+    r.add_argument("--out", required=True, help="folder for the results, checkpoints and figures")
+    r.add_argument("--corpus", default="stdlib", help="stdlib (embedded, offline; default), wikitext-103 or wikitext-2 "
+                   "(need the 'datasets' package and a network), or a path to a text file or folder")
+    r.add_argument("--encodings", type=lambda s: _names(s, list(ENCODINGS), "encoding"),
+                   help=f"comma-separated, or all: {', '.join(ENCODINGS)}")
+    r.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"),
+                   help=f"RoPE extrapolation strategies to evaluate: {', '.join(ROPE_SCALINGS)}")
+    r.add_argument("--seeds", type=_ints, help="seeds for nope, sinusoidal, learned, rope, alibi, t5 (e.g. 0,1,2)")
+    r.add_argument("--other-seeds", type=_ints, help="seeds for xpos, kerple, fire")
+    r.add_argument("--steps", type=int, help="training steps")
+    r.add_argument("--batch-size", type=int, help="training batch size (windows)")
+    r.add_argument("--lr", type=float, help="peak learning rate")
+    r.add_argument("--warmup", type=int, help="learning-rate warm-up steps")
+    r.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
+    r.add_argument("--train-len", type=int, help="training length (tokens)")
+    r.add_argument("--n-layer", type=int)
+    r.add_argument("--n-head", type=int)
+    r.add_argument("--d-model", type=int)
+    r.add_argument("--eval-lengths", type=_ints, help="comma-separated evaluation lengths")
+    r.add_argument("--eval-tokens", type=int, help="tokens scored at every length (a multiple of each length)")
+    r.add_argument("--modes", type=lambda s: _names(s, list(MODES), "mode"), help=f"evaluation modes: {', '.join(MODES)}")
+    r.add_argument("--stride", type=int, help="sliding-window stride (tokens newly scored per window)")
+    r.add_argument("--eval-batch-size", type=int)
+    r.add_argument("--finetune", type=lambda s: _names(s, [m for m in ROPE_SCALINGS if m != "dynamic-ntk"], "strategy"),
+                   help="RoPE strategies to fine-tune briefly at --finetune-len before evaluating (pi, ntk, yarn)")
+    r.add_argument("--finetune-steps", type=int, help="fine-tuning steps (the PI paper used about 1000)")
+    r.add_argument("--finetune-len", type=int, help="fine-tuning length (tokens)")
+    r.add_argument("--backend", choices=["auto", "sdpa", "flex", "reference"], help="attention backend")
+    r.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--no-report", action="store_true", help="skip the report at the end")
+
+    rep = sub.add_parser("report", help="tables and figures of a run folder")
+    rep.add_argument("folder")
+    rep.add_argument("--no-figures", action="store_true")
+
+    sub.add_parser("presets", help="list the presets")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from . import experiment, report
+
+    try:
+        if args.command == "presets":
+            for name, spec in experiment.PRESETS.items():
+                print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+                      f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
+                      f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
+            return 0
+        if args.command == "report":
+            print(report.report(args.folder, figures=not args.no_figures))
+            return 0
+        overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
+                     if f.name not in ("preset", "notes")}
+        spec = experiment.preset(args.preset, **overrides)
+        experiment.run(spec, args.out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+        if not args.no_report:
+            print(report.report(args.out))
+        return 0
+    except (PosencError, TrainingDiverged) as err:
+        print(f"posenc-lab: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("posenc-lab: interrupted; finished units and the last checkpoint are kept: run the same command "
+              "again to continue", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

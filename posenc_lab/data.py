@@ -1,0 +1,170 @@
+"""Corpora as byte streams: the embedded default, any local text, and WikiText-103 when online.
+
+* Tokens are bytes (vocabulary 256): nothing to download, nothing to train.
+* ``stdlib`` (the default): the ``.py`` files of the running Python's standard library, without its
+  test suites, so it exists offline everywhere, Colab included. Its Python version and a SHA-256 of
+  its contents go into every result, so that runs on different Pythons are never mistaken for
+  comparable ones.
+* A path: a text file, or a folder of text files (binary files are skipped).
+* ``wikitext-103``: the ALiBi paper's benchmark, through the optional ``datasets`` package.
+* Splits are by document, deterministic (a hash of the document's name), never across documents;
+  WikiText keeps its official splits. Documents are joined with a ``0x00`` byte between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import sysconfig
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import PosencError
+
+SPLITS = ("train", "valid", "test")
+SEPARATOR = b"\x00"
+_STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+@dataclass
+class Corpus:
+    name: str
+    documents: dict[str, list[tuple[str, bytes]]]  # split -> [(document name, bytes)]
+    meta: dict = field(default_factory=dict)
+
+    def stream(self, split: str) -> torch.Tensor:
+        """The split's documents joined by ``SEPARATOR``, as a uint8 tensor of byte tokens."""
+        if split not in SPLITS:
+            raise PosencError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        data = SEPARATOR.join(body for _, body in self.documents[split])
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+    def describe(self) -> dict:
+        sizes = {s: sum(len(b) for _, b in docs) for s, docs in self.documents.items()}
+        return {"corpus": self.name, **self.meta, **{f"{s}_bytes": n for s, n in sizes.items()},
+                **{f"{s}_documents": len(d) for s, d in self.documents.items()}}
+
+
+def split_of(name: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05)) -> str:
+    """Deterministic split of a document by the SHA-1 of its name (same on every machine and Python)."""
+    u = int.from_bytes(hashlib.sha1(name.encode()).digest()[:8], "big") / 2**64
+    return SPLITS[0] if u < fractions[0] else SPLITS[1] if u < fractions[0] + fractions[1] else SPLITS[2]
+
+
+def content_hash(documents: Iterable[tuple[str, bytes]]) -> str:
+    h = hashlib.sha256()
+    for name, body in sorted(documents):
+        h.update(name.encode() + b"\x00" + hashlib.sha256(body).digest())
+    return h.hexdigest()
+
+
+def from_documents(name: str, documents: list[tuple[str, bytes]], meta: dict | None = None) -> Corpus:
+    """Split named documents by :func:`split_of`; an empty corpus is an error."""
+    documents = [(n, b) for n, b in documents if b]
+    if not documents:
+        raise PosencError(f"corpus {name!r} has no text")
+    splits = {s: [] for s in SPLITS}
+    for doc in sorted(documents):
+        splits[split_of(doc[0])].append(doc)
+    for s in SPLITS:
+        if not splits[s]:
+            raise PosencError(f"corpus {name!r} is too small: its {s} split got no document "
+                              f"({len(documents)} documents in all; splits are by document)")
+    return Corpus(name, splits, {"sha256": content_hash(documents), **(meta or {})})
+
+
+def stdlib_documents() -> list[tuple[str, bytes]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if _STDLIB_SKIP.intersection(rel.parts):
+            continue
+        try:
+            docs.append((rel.as_posix(), path.read_bytes()))
+        except OSError:
+            continue
+    return docs
+
+
+def _is_text(body: bytes) -> bool:
+    if b"\x00" in body[:8192]:
+        return False
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def path_documents(path: Path) -> list[tuple[str, bytes]]:
+    if not path.exists():
+        raise PosencError(f"corpus path {str(path)!r} does not exist")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    docs = [(p.relative_to(path).as_posix() if path.is_dir() else p.name, p.read_bytes()) for p in files]
+    return [(n, b) for n, b in docs if _is_text(b)]
+
+
+def wikitext_articles(lines: Iterable[str]) -> list[str]:
+    """Group WikiText rows into articles: a new article starts at each top-level heading `` = Title = ``."""
+    articles: list[list[str]] = []
+    for line in lines:
+        stripped = line.strip()
+        top_heading = stripped.startswith("= ") and stripped.endswith(" =") and not stripped.startswith("= =")
+        if top_heading or not articles:
+            articles.append([])
+        articles[-1].append(line)
+    return ["".join(a) for a in articles if "".join(a).strip()]
+
+
+def wikitext_corpus(config: str = "wikitext-103-raw-v1", loader: Callable | None = None) -> Corpus:
+    """WikiText through ``datasets.load_dataset("wikitext", config)``, its official splits kept, one document per article."""
+    if loader is None:
+        try:
+            from datasets import load_dataset
+        except ImportError:
+            raise PosencError("the wikitext corpora need the optional 'datasets' package: "
+                              "pip install 'posenc-lab[network]' (and a network connection)") from None
+        loader = load_dataset
+    try:
+        dataset = loader("wikitext", config)
+    except Exception as err:  # network, hub or cache trouble: say which corpus and why
+        raise PosencError(f"could not load WikiText ({config}): {err}") from None
+    names = {"train": "train", "valid": "validation", "test": "test"}
+    documents = {}
+    for split, hf_split in names.items():
+        articles = wikitext_articles(dataset[hf_split]["text"])
+        documents[split] = [(f"{split}/{i:06d}", a.encode()) for i, a in enumerate(articles)]
+    everything = [d for docs in documents.values() for d in docs]
+    if not all(documents.values()):
+        raise PosencError(f"WikiText ({config}) has an empty split")
+    return Corpus(config.removesuffix("-raw-v1").removesuffix("-v1"), documents,
+                  {"sha256": content_hash(everything), "source": f"datasets:wikitext/{config}"})
+
+
+def load_corpus(spec: str = "stdlib") -> Corpus:
+    """``stdlib`` (default, offline), ``wikitext-103`` / ``wikitext-2`` (network), or a path to text."""
+    if spec == "stdlib":
+        version = ".".join(map(str, sys.version_info[:3]))
+        return from_documents("stdlib", stdlib_documents(), {"python": version, "source": "python stdlib *.py"})
+    if spec in ("wikitext-103", "wikitext-2"):
+        return wikitext_corpus(f"{spec}-raw-v1")
+    path = Path(spec).expanduser()
+    return from_documents(path.name or str(path), path_documents(path), {"source": str(path.resolve())})
+
+
+def batch_at(stream: torch.Tensor, step: int, *, batch_size: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training batch of ``step``: random windows drawn from a generator seeded by ``(seed, step)``.
+
+    A pure function of its arguments, so a run resumed at any step sees exactly the batches an
+    uninterrupted run would have seen. Returns inputs and next-byte targets, ``b n`` int64.
+    """
+    if len(stream) < length + 2:
+        raise PosencError(f"the training text has {len(stream)} bytes, fewer than one window of {length + 1}")
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, len(stream) - length - 1, (batch_size,), generator=g)
+    windows = torch.stack([stream[s : s + length + 1] for s in starts.tolist()]).long()
+    return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,173 @@
+"""Training: AdamW, warm-up then cosine decay, gradient clipping, checkpoints that survive ``kill -9``.
+
+* Precision: bf16 autocast on CUDA where supported, fp16 with a gradient scaler on other CUDA
+  GPUs (Colab's T4), fp32 on the CPU.
+* Every batch is a pure function of ``(seed, step)`` (:func:`data.batch_at`), and a checkpoint holds
+  the model, the optimizer, the scaler and the loss history: a run resumed from its last checkpoint
+  ends exactly where an uninterrupted one does (on the CPU, same seed).
+* Checkpoints are written to a temporary file and renamed, so a kill leaves the previous one whole.
+* A NaN or infinite loss stops the run with :class:`TrainingDiverged` before anything is saved:
+  the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import batch_at
+from .errors import PosencError, TrainingDiverged, check_positive
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "lr", "checkpoint_every"):
+            check_positive(name, getattr(self, name))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay from ``lr`` to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    floor = cfg.min_lr_ratio * cfg.lr
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 on CUDA where supported, fp16 on other CUDA GPUs, None (fp32) on the CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def autocast(device: torch.device):
+    dtype = autocast_dtype(device)
+    return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms, or per-head scalars)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def clear_oom(what: str):
+    """Turn CUDA's out-of-memory error into one sentence that says what ran out and what to change."""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        raise PosencError(f"out of GPU memory {what}: lower the batch size (--batch-size) or the length") from None
+
+
+def train(
+    model,
+    stream: torch.Tensor,
+    cfg: TrainConfig,
+    *,
+    length: int | None = None,
+    checkpoint: Path | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    desc: str = "train",
+) -> dict:
+    """Train ``model`` on windows of ``length`` (default: its training length) drawn from ``stream``.
+
+    With ``checkpoint`` set, resumes from it when it exists and saves to it every
+    ``checkpoint_every`` steps and at the end. Returns the loss history and throughput.
+    """
+    device = torch.device(device)
+    length = length or model.cfg.train_len
+    model.to(device)
+    opt = make_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype(device) == torch.float16)
+    state = {"step": 0, "losses": [], "seconds": 0.0}
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        scaler.load_state_dict(saved["scaler"])
+        state = saved["state"]
+
+    def save():
+        if checkpoint is not None:
+            save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
+                         "state": state, "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}, checkpoint)
+
+    model.train()
+    bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc=desc,
+               disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    tokens_per_step = cfg.batch_size * length
+    for step in bar:
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        x, y = (t.to(device) for t in batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed))
+        with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
+            with autocast(device):
+                loss = model.loss(x, y)
+            value = loss.item()
+            if not math.isfinite(value):
+                where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
+                raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
+                                       "Try a lower learning rate (--lr) or more warm-up.")
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        state["step"], state["seconds"] = step + 1, state["seconds"] + dt
+        state["losses"].append(value)
+        bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save()
+    bar.close()
+    model.eval()
+    tail = state["losses"][-max(1, len(state["losses"]) // 20):]
+    return {
+        "train_loss": sum(tail) / len(tail),
+        "losses": state["losses"],
+        "train_steps": cfg.steps,
+        "train_tokens": cfg.steps * tokens_per_step,
+        "train_seconds": state["seconds"],
+        "train_tokens_per_s": cfg.steps * tokens_per_step / max(state["seconds"], 1e-9),
+    }

@@ -1,0 +1,210 @@
+"""The experiment: evaluation arithmetic, training safety, resume after kill -9, the ci preset, the CLI."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc_lab import PosencError, TrainingDiverged, experiment, report
+from posenc_lab.data import load_corpus
+from posenc_lab.evaluate import evaluate, window_plan
+from posenc_lab.model import GPT, GPTConfig
+from posenc_lab.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("tokens,length,stride", [(64, 16, 4), (96, 32, 32), (1024, 256, 64), (48, 48, 8)])
+def test_every_mode_scores_each_target_exactly_once(tokens, length, stride):
+    for mode in ("nonoverlapping", "sliding"):
+        scored = []
+        for start, first in window_plan(tokens, length, mode, stride):
+            scored += range(start + first + 1, start + length + 1)
+        assert sorted(scored) == list(range(1, tokens + 1))
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(encoding="alibi", n_layer=1, n_head=2, d_model=16, train_len=8)).eval()
+
+
+def test_evaluate_matches_direct_computation(tiny_model):
+    stream = (torch.arange(200) * 7 % 256).to(torch.uint8)
+    r = evaluate(tiny_model, stream, length=32, tokens=64)
+    with torch.no_grad():
+        windows = stream[:65].long()
+        manual = torch.cat([tiny_model.token_losses(windows[None, s:s + 32], windows[None, s + 1:s + 33])[0] for s in (0, 32)])
+    assert r["loss"] == pytest.approx(manual.double().mean().item(), rel=1e-6)
+    assert r["bits_per_byte"] == pytest.approx(r["loss"] / math.log(2))
+    assert r["perplexity"] == pytest.approx(math.exp(r["loss"]))
+    # sliding windows with stride = length are non-overlapping windows
+    assert evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=32)["loss"] == pytest.approx(r["loss"])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(length=0), "positive"), (dict(tokens=-4), "positive"), (dict(mode="sliding", stride=0), "positive"),
+    (dict(mode="sliding", stride=5), "stride 5"), (dict(mode="strided"), "valid modes"), (dict(length=24), "multiple"),
+])
+def test_bad_evaluation_arguments(tiny_model, kwargs, match):
+    stream = torch.zeros(500, dtype=torch.uint8)
+    args = dict(length=16, tokens=64) | kwargs
+    with pytest.raises(PosencError, match=match):
+        evaluate(tiny_model, stream, **args)
+
+
+def test_nan_loss_stops_with_clear_message_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
+    real_loss, calls = model.loss, []
+
+    def poisoned(x, y):
+        calls.append(1)
+        loss = real_loss(x, y)
+        return loss * float("nan") if len(calls) > 5 else loss
+
+    monkeypatch.setattr(model, "loss", poisoned)
+    stream = (torch.arange(5000) % 97).to(torch.uint8)
+    ckpt = tmp_path / "ckpt.pt"
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 5 .*last good checkpoint .*ckpt.pt is kept"):
+        train(model, stream, TrainConfig(steps=10, checkpoint_every=2, batch_size=2), checkpoint=ckpt, progress=False)
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["state"]["step"] == 4
+    assert all(torch.isfinite(v).all() for v in saved["model"].values())
+
+
+def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(tiny_model, "token_losses", oom)
+    with pytest.raises(PosencError, match="out of GPU memory evaluating at length 16 with batch size 8: lower the batch size"):
+        evaluate(tiny_model, torch.zeros(100, dtype=torch.uint8), length=16, tokens=32)
+
+
+def test_spec_rejects_bad_input():
+    with pytest.raises(PosencError, match="valid presets: ci, colab, cpu, paper"):
+        experiment.preset("huge")
+    with pytest.raises(PosencError, match="positive"):
+        experiment.preset("ci", train_len=0)
+    with pytest.raises(PosencError, match="positive"):
+        experiment.preset("ci", stride=-1)
+    with pytest.raises(PosencError, match="multiple"):
+        experiment.preset("ci", eval_lengths=(64, 100))
+    with pytest.raises(PosencError, match="valid encodings"):
+        experiment.preset("ci", encodings=("rope", "cope"))
+    with pytest.raises(PosencError, match="no fixed factor"):
+        experiment.preset("ci", finetune=("dynamic-ntk",), finetune_steps=5, finetune_len=128)
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ci")
+    spec = experiment.preset("ci", finetune=("pi",), finetune_steps=4, finetune_len=128)
+    rows = experiment.run(spec, out, progress=False, log=lambda *a: None)
+    return out, spec, rows
+
+
+def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
+    out, spec, rows = ci_run
+    labels = {(r["encoding"], r["strategy"]) for r in rows}
+    assert {e for e, _ in labels} == set(spec.encodings)
+    assert {s for e, s in labels if e == "rope"} == {"none", "pi", "ntk", "dynamic-ntk", "yarn", "pi+ft"}
+    assert len(rows) == (len(spec.encodings) - 1 + 6) * len(spec.eval_lengths) * len(spec.modes)
+    for r in rows:
+        if r["encoding"] == "learned" and r["eval_len"] > spec.train_len:
+            assert r["status"] == "cannot extrapolate" and math.isnan(r["loss"])
+        else:
+            assert r["status"] == "ok" and 0 < r["loss"] < 10 and r["tokens"] == spec.eval_tokens
+    ft = [r for r in rows if r["strategy"] == "pi+ft"]
+    assert all(r["finetune_steps"] == 4 and r["finetune_tokens"] == 4 * 4 * 128 for r in ft)
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert header == experiment.COLUMNS
+    first = rows[0]
+    assert first["torch"] == torch.__version__ and first["device"].startswith("cpu") and first["corpus"] == "stdlib"
+    assert json.loads(first["config"])["preset"] == "ci"
+
+
+def test_report_tables_and_figures(ci_run):
+    out, spec, rows = ci_run
+    text = report.report(out)
+    assert "| learned | " in text and "cannot extrapolate" in text and "| rope/yarn |" in text
+    for name in ("ppl_vs_length.png", "per_position.png"):
+        assert (out / "figures" / name).stat().st_size > 10_000
+
+
+def test_rerun_continues_and_refuses_a_different_experiment(ci_run):
+    out, spec, rows = ci_run
+    logged = []
+    again = experiment.run(spec, out, progress=False, log=logged.append)
+    assert again == rows and all("done already" in line for line in logged)
+    with pytest.raises(PosencError, match="holds a different experiment"):
+        experiment.run(experiment.preset("ci", steps=41), out, progress=False)
+
+
+def cli(*args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "posenc_lab", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def comparable(rows):
+    timing = {"eval_seconds", "train_seconds", "git_commit"}
+    return [{k: v for k, v in r.items() if k not in timing} for r in rows]
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_gives_identical_results(tmp_path):
+    args = ["run", "--preset", "ci", "--encodings", "t5", "--steps", "300", "--checkpoint-every", "30",
+            "--eval-lengths", "64,128", "--no-progress", "--no-report"]
+    whole = cli(*args, "--out", str(tmp_path / "whole"))
+    killed = cli(*args, "--out", str(tmp_path / "killed"))
+    ckpt = tmp_path / "killed" / "checkpoints" / "t5-s0.pt"
+    deadline = time.time() + 120
+    while not ckpt.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "units" / "t5-s0.json").exists(), "the run ended before it was killed"
+    step = torch.load(ckpt, weights_only=False)["state"]["step"]
+    assert 0 < step < 300
+    resumed = cli(*args, "--out", str(tmp_path / "killed"))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()
+    a = json.loads((tmp_path / "whole" / "results.json").read_text())
+    b = json.loads((tmp_path / "killed" / "results.json").read_text())
+    assert comparable(a) == comparable(b)
+    ua = json.loads((tmp_path / "whole" / "units" / "t5-s0.json").read_text())
+    ub = json.loads((tmp_path / "killed" / "units" / "t5-s0.json").read_text())
+    assert ua["train_losses"] == ub["train_losses"] and ua["encoding_state"] == ub["encoding_state"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: ci, colab, cpu, paper"),
+    (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
+    (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
+    (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
+    (["run", "--preset", "ci", "--encodings", "rope,cope", "--out", "x"], "unknown encoding 'cope'"),
+    (["report", "/no/such/run"], "has no results.json"),
+])
+def test_cli_bad_input_is_one_clear_line(tmp_path, args, message):
+    args = [str(tmp_path / a) if a == "x" else a for a in args]
+    p = cli(*args)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and message in err and "Traceback" not in err
+
+
+def test_cli_help_explains_every_option():
+    p = cli("run", "--help")
+    out, _ = p.communicate(timeout=60)
+    for option in ("--preset", "--encodings", "--corpus", "--eval-lengths", "--stride", "--finetune", "--seeds", "--device"):
+        assert option in out

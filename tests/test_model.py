@@ -1,0 +1,45 @@
+"""The GPT model with each encoding plugged in."""
+
+import pytest
+import torch
+
+import posenc_lab as pl
+from posenc_lab import PositionOutOfRange
+from posenc_lab.model import GPT, GPTConfig
+from posenc_lab.train import TrainConfig, lr_at
+
+
+def small(encoding, **kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(encoding=encoding, n_layer=2, n_head=4, d_model=32, train_len=16, **kw))
+
+
+@pytest.mark.parametrize("encoding", sorted(pl.ENCODINGS))
+def test_model_is_causal_with_every_encoding(encoding):
+    model = small(encoding).eval()
+    idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 256
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10], rtol=1e-5, atol=1e-5)
+    assert (a[:, 10:] - b[:, 10:]).abs().max() > 1e-4
+
+
+def test_models_differ_only_in_the_encoding():
+    counts = {name: small(name).num_params() - sum(p.numel() for p in small(name).encoding.parameters())
+              for name in pl.ENCODINGS}
+    assert len(set(counts.values())) == 1
+
+
+def test_learned_model_past_training_length_raises_clear_error():
+    model = small("learned")
+    with pytest.raises(PositionOutOfRange, match="cannot extrapolate"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_lr_schedule_warms_up_then_decays_to_floor():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(100, cfg) == pytest.approx(0.1)
+    assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
