@@ -12,12 +12,14 @@ after the encoding's ``rotate`` hook has transformed ``q`` and ``k``. Backends:
   float mask (O(n^2) memory), no bias takes the fused causal kernel. Trains on every device.
 * ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: no ``n x n``
   tensor anywhere. CUDA, or forward only on CPU.
-* ``auto``: ``flex`` for bias encodings on CUDA when FlexAttention is available, else ``sdpa``.
+* ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -42,30 +44,58 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def flex_available(device: torch.device) -> bool:
-    """FlexAttention is importable and runs on ``device`` (CUDA; CPU forward-only)."""
+    """FlexAttention is importable and can run on ``device``: CUDA of compute capability 8.0+ (Ampere
+    and later; older GPUs such as the T4 fall back to SDPA), or the CPU (forward only, unfused)."""
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
     except ImportError:
         return False
-    return device.type in ("cuda", "cpu")
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cpu"
 
 
-def choose_backend(encoding: Encoding, device: torch.device, *, needs_grad: bool = False) -> str:
-    """The default backend: FlexAttention for biases on CUDA, SDPA everywhere else."""
-    if encoding.has_bias and device.type == "cuda" and flex_available(device):
-        return "flex"
-    return "sdpa"
+def _learned_bias(encoding: Encoding) -> bool:
+    return encoding.has_bias and any(p.requires_grad for p in encoding.parameters())
+
+
+def choose_backend(encoding: Encoding, device: torch.device) -> str:
+    """The default backend for ``encoding`` on ``device``.
+
+    * no bias (NoPE, absolute, RoPE, xPos): ``sdpa``, whose causal path is FlashAttention on CUDA;
+    * a bias on CUDA with FlexAttention: ``flex`` (no ``n x n`` tensor) -- except while training a
+      *learned* bias (T5, KERPLE, FIRE): gradients into tensors captured by a ``score_mod`` are slow,
+      so training materializes the bias once per forward at the (short) training length and uses
+      ``sdpa``, whose backward returns the bias gradient directly;
+    * everything on the CPU: ``sdpa`` (FlexAttention has no backward there and is unfused).
+    """
+    if not encoding.has_bias or device.type != "cuda" or not flex_available(device):
+        return "sdpa"
+    if torch.is_grad_enabled() and _learned_bias(encoding):
+        return "sdpa"
+    return "flex"
 
 
 def bias_tensor(encoding: Encoding, positions: torch.Tensor) -> torch.Tensor | None:
-    """The materialized ``h n n`` bias, built from the per-distance table when the bias is distance-only."""
+    """The materialized ``h n n`` bias, built from the per-distance table when the bias is distance-only.
+
+    Cached on the encoding for the same ``positions`` tensor, parameter versions and grad mode, so
+    that the layers of one forward pass share one bias (and one node in the autograd graph).
+    """
     if not encoding.has_bias:
         return None
+    key = (tuple(p._version for p in encoding.parameters()), torch.is_grad_enabled())
+    cached = getattr(encoding, "_bias_cache", None)
+    if cached is not None and cached[0] is positions and cached[1] == key:
+        return cached[2]
     if encoding.distance_only:
         table = encoding.distance_bias(int(positions.max()) + 1)  # h d
         d = (rearrange(positions, "i -> i 1") - rearrange(positions, "j -> 1 j")).clamp(min=0)
-        return table[:, d]
-    return encoding.bias(positions, positions)
+        b = table[:, d]
+    else:
+        b = encoding.bias(positions, positions)
+    encoding._bias_cache = (positions, key, b)
+    return b
 
 
 def causal_mask(n: int, device) -> torch.Tensor:
@@ -134,15 +164,47 @@ def score_mod(encoding: Encoding, positions: torch.Tensor) -> Callable | None:
     raise PosencError(f"no FlexAttention score_mod for encoding {encoding.name!r}")
 
 
-def _flex(q, k, v, encoding, positions, causal):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@functools.lru_cache(maxsize=32)
+def _causal_block_mask(n: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
 
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n, n, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_fn(device_type: str):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # compiled on CUDA (the fused kernel); eager on the CPU, where it only runs forward anyway
+    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+
+
+# kernel options tried in turn on CUDA: the defaults, then smaller tiles (a table gather inside a
+# score_mod has run out of shared memory with the default tiles on Hopper)
+FLEX_KERNEL_OPTIONS = (None, {"BLOCK_M": 64, "BLOCK_N": 64})
+_flex_options_that_work: dict[str, dict | None] = {}
+
+
+def _flex(q, k, v, encoding, positions, causal):
     n = q.shape[-2]
-    block_mask = None
-    if causal:
-        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, n, n,
-                                       device=q.device)
-    return flex_attention(q, k, v, score_mod=score_mod(encoding, positions), block_mask=block_mask)
+    block_mask = _causal_block_mask(n, str(q.device)) if causal else None
+    mod = score_mod(encoding, positions)
+    fn = _flex_fn(q.device.type)
+    if q.device.type != "cuda":
+        return fn(q, k, v, score_mod=mod, block_mask=block_mask)
+    key = encoding.name
+    candidates = [_flex_options_that_work[key]] if key in _flex_options_that_work else FLEX_KERNEL_OPTIONS
+    errors = []
+    for options in candidates:
+        try:
+            out = fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options)
+            _flex_options_that_work[key] = options
+            return out
+        except Exception as err:  # a kernel that does not compile on this GPU: try the next tiles
+            errors.append(f"{options}: {type(err).__name__}: {str(err)[:200]}")
+    warnings.warn(f"FlexAttention failed for {key} on {q.device} ({'; '.join(errors)}); falling back to SDPA "
+                  "with a materialized bias", RuntimeWarning, stacklevel=3)
+    return _sdpa(q, k, v, encoding, positions, causal)
 
 
 _BACKEND_FNS = {"reference": _reference, "sdpa": _sdpa, "flex": _flex}

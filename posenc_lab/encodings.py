@@ -59,6 +59,10 @@ class Encoding(nn.Module):
     def extra_repr(self) -> str:
         return f"hook={self.hook}"
 
+    def __getstate__(self):
+        # per-forward caches (tables, biases with their autograd graph) are not part of the encoding
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_bias_cache")}
+
 
 class NoPE(Encoding):
     """No position signal at all (Kazemnejad et al. 2023): a causal mask alone still lets a model infer position."""
@@ -131,8 +135,9 @@ class RoPE(Encoding):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``cos`` and ``sin`` tables (``n d/2``), attention factor included; cached per positions tensor."""
-        if self._cache is not None and self._cache[0] is positions:
-            return self._cache[1], self._cache[2]
+        cached = getattr(self, "_cache", None)
+        if cached is not None and cached[0] is positions:
+            return cached[1], cached[2]
         n = int(positions.max()) + 1 if positions.numel() else 0
         if self.scaling == "dynamic-ntk":
             angles, factor = rope.dynamic_ntk_angles(positions, self.head_dim, base=self.base, train_len=self.train_len), 1.0

@@ -103,3 +103,45 @@ def test_bad_inputs_name_the_problem():
         make_encoding("alibi", d_model=64, num_heads=4, train_len=8, base=5)
     with pytest.raises(PosencError, match="positions must have shape"):
         attention(q, k, v, positions=torch.arange(3))
+
+
+def test_bias_is_built_once_per_forward_and_rebuilt_after_an_update():
+    enc = encoding("t5")
+    q, k, v = qkv()
+    positions = torch.arange(N)
+    from posenc_lab.attention import bias_tensor
+
+    first = bias_tensor(enc, positions)
+    assert bias_tensor(enc, positions) is first  # the next layer of the same forward
+    assert bias_tensor(enc, torch.arange(N)) is not first  # the next forward
+    with torch.no_grad():
+        enc.table.table.add_(1.0)  # an optimizer step
+    torch.testing.assert_close(bias_tensor(enc, positions), first + 1.0)
+
+
+def test_learned_bias_gradient_is_the_same_through_every_backend():
+    grads = {}
+    for backend in ("reference", "sdpa"):
+        enc = encoding("t5")
+        q, k, v = qkv()
+        attention(q, k, v, enc, backend=backend).pow(2).sum().backward()
+        grads[backend] = enc.table.table.grad
+    torch.testing.assert_close(grads["sdpa"], grads["reference"], rtol=1e-4, atol=1e-5)
+
+
+def test_encodings_survive_deepcopy_after_a_forward():
+    import copy
+
+    for name in ("rope", "t5"):
+        enc = encoding(name)
+        q, k, v = (t.requires_grad_() for t in qkv())
+        attention(q, k, v, enc, backend="sdpa").sum().backward()
+        clone = copy.deepcopy(enc)
+        torch.testing.assert_close(attention(q, k, v, clone, backend="sdpa"), attention(q, k, v, enc, backend="sdpa"))
+
+
+def test_auto_backend_choice():
+    from posenc_lab.attention import choose_backend
+
+    cpu = torch.device("cpu")
+    assert {choose_backend(encoding(n), cpu) for n in NAMES} == {"sdpa"}

@@ -1,0 +1,71 @@
+"""Shared helpers of the benchmark scripts: timing, memory, tables. Not timed tests: scripts that print ratios."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn, device: torch.device, *, warmup: int = 2, reps: int = 10) -> float:
+    """Median wall time of ``fn()`` in seconds, after ``warmup`` calls (which include any compilation)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_memory(fn, device: torch.device) -> float | None:
+    """Peak GPU memory allocated during ``fn()`` beyond what was allocated before, in GiB (None on the CPU)."""
+    if device.type != "cuda":
+        fn()
+        return None
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**30
+
+
+def environment(device: torch.device) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": f"{device.type}: {name}", "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    def cell(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return str(v)
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells:
+        print("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |")
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1))
+        print(f"wrote {path}")

@@ -1,0 +1,37 @@
+"""The benchmark scripts run on the CPU at smoke size and report ratios against their own baseline."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script, *args, tmp_path):
+    out = tmp_path / "out.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args, "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    return json.loads(out.read_text()), p.stdout
+
+
+def test_attention_benchmark_smoke(tmp_path):
+    result, stdout = run("attention.py", "--lengths", "64,128", "--train-len", "64", tmp_path=tmp_path)
+    rows = result["rows"]
+    timed = [r for r in rows if "ms" in r]
+    assert {r["encoding"] for r in timed} == {"nope", "rope", "xpos", "alibi", "t5", "kerple", "fire"}
+    for r in timed:
+        assert r["ms"] > 0 and r["tflops"] > 0 and r["vs_sdpa_causal"] > 0
+    baseline = [r for r in timed if r["encoding"] == "nope"]
+    assert all(r["vs_sdpa_causal"] == 1.0 for r in baseline)
+    assert {r["mode"] for r in timed} == {"forward", "forward+backward"}
+    assert any(r.get("note") == "no FlexAttention backward on CPU" for r in rows)
+    assert "vs_sdpa_causal" in stdout
+
+
+def test_train_throughput_benchmark_smoke(tmp_path):
+    result, stdout = run("train_throughput.py", "--encodings", "nope,rope,alibi,t5", "--rounds", "1", tmp_path=tmp_path)
+    rows = {r["encoding"]: r for r in result["rows"]}
+    assert set(rows) == {"nope", "rope", "alibi", "t5"} and rows["nope"]["vs_nope"] == 1.0
+    assert all(r["tokens_per_s"] > 0 and r["vs_nope"] > 0 for r in rows.values())
