@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, peak_memory, print_table, write_json  # noqa: E402
@@ -36,6 +37,8 @@ def run(args) -> dict:
     b, h, d = args.batch, args.heads, args.head_dim
     rows = []
     baseline = {}
+    total = (len(args.lengths) + 1) * len(ATTENTION_ENCODINGS) * len(args.backends)
+    bar = tqdm(total=total, desc="attention benchmark", disable=args.no_progress)
     for mode, lengths in (("forward", args.lengths), ("forward+backward", [args.train_len])):
         backward = mode != "forward"
         for n in lengths:
@@ -44,6 +47,8 @@ def run(args) -> dict:
             for name in ATTENTION_ENCODINGS:
                 enc = pl.make_encoding(name, d_model=h * d, num_heads=h, train_len=args.train_len).to(device)
                 for backend in args.backends:
+                    bar.update()
+                    bar.set_postfix_str(f"{mode} {name} {backend} {n}")
                     if name == "nope" and backend != "sdpa" and not args.all_baselines:
                         continue
                     reason = skip_reason(backend, enc, n, device, backward, args)
@@ -71,6 +76,7 @@ def run(args) -> dict:
                         baseline[(mode, n)] = seconds
                     rows.append({**row, "ms": seconds * 1e3, "tflops": attention_flops(b, h, n, d, backward) / seconds / 1e12,
                                  "peak_gib": memory, "vs_sdpa_causal": seconds / baseline[(mode, n)]})
+    bar.close()
     return {"environment": environment(device), "args": vars(args), "rows": rows}
 
 
@@ -105,6 +111,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:
         args.lengths = args.lengths or [128, 256, 512]
@@ -115,6 +122,7 @@ def main(argv=None):
     args.train_len = args.train_len or 512
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     result = run(args)
+    result["command"] = list(sys.argv[1:] if argv is None else argv)
     print(result["environment"])
     print_table(result["rows"], ["mode", "encoding", "backend", "length", "ms", "tflops", "peak_gib", "vs_sdpa_causal", "note"])
     write_json(args.json, result)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, peak_memory, print_table, write_json  # noqa: E402
@@ -48,9 +49,13 @@ def measure_all(args, device: torch.device) -> list[dict]:
     is favoured by when it ran: warm caches, clocks, other load)."""
     built = {name: build(name, args, device) for name in args.encodings}
     best = {name: float("inf") for name in args.encodings}
+    bar = tqdm(total=args.rounds * len(built), desc="training throughput", disable=args.no_progress)
     for _ in range(args.rounds):
         for name, (_, step) in built.items():
+            bar.set_postfix_str(name)
             best[name] = min(best[name], median_time(step, device, warmup=args.warmup, reps=args.reps))
+            bar.update()
+    bar.close()
     rows = []
     for name, (model, step) in built.items():
         tokens_per_s = args.batch * args.seq_len / best[name]
@@ -79,6 +84,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best median counts")
     p.add_argument("--json")
+    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if args.smoke:
@@ -92,7 +98,8 @@ def main(argv=None):
     nope = next((r["tokens_per_s"] for r in rows if r["encoding"] == "nope"), None)
     for r in rows:
         r["vs_nope"] = r["tokens_per_s"] / nope if nope else None
-    result = {"environment": environment(device), "args": vars(args), "rows": rows}
+    result = {"environment": environment(device), "args": vars(args), "rows": rows,
+              "command": list(sys.argv[1:] if argv is None else argv)}
     print(result["environment"])
     print_table(rows, ["encoding", "ms_per_step", "tokens_per_s", "mfu", "peak_gib", "vs_nope"])
     write_json(args.json, result)

@@ -79,6 +79,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--finetune-len", type=int, help="fine-tuning length (tokens)")
     r.add_argument("--backend", choices=["auto", "sdpa", "flex", "reference"], help="attention backend")
     r.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the training step (default: on CUDA, off on the CPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 
-from .encodings import Encoding, NoPE
+from .encodings import Encoding, NoPE, position_span
 from .errors import PosencError, unknown_name
 
 BACKENDS = ("auto", "reference", "sdpa", "flex")
@@ -84,17 +84,20 @@ def bias_tensor(encoding: Encoding, positions: torch.Tensor) -> torch.Tensor | N
     """
     if not encoding.has_bias:
         return None
-    key = (tuple(p._version for p in encoding.parameters()), torch.is_grad_enabled())
-    cached = getattr(encoding, "_bias_cache", None)
-    if cached is not None and cached[0] is positions and cached[1] == key:
-        return cached[2]
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        key = (tuple(p._version for p in encoding.parameters()), torch.is_grad_enabled())
+        cached = getattr(encoding, "_bias_cache", None)
+        if cached is not None and cached[0] is positions and cached[1] == key:
+            return cached[2]
     if encoding.distance_only:
-        table = encoding.distance_bias(int(positions.max()) + 1)  # h d
+        table = encoding.distance_bias(position_span(positions))  # h d
         d = (rearrange(positions, "i -> i 1") - rearrange(positions, "j -> 1 j")).clamp(min=0)
         b = table[:, d]
     else:
         b = encoding.bias(positions, positions)
-    encoding._bias_cache = (positions, key, b)
+    if not compiling:
+        encoding._bias_cache = (positions, key, b)
     return b
 
 
@@ -133,7 +136,7 @@ def score_mod(encoding: Encoding, positions: torch.Tensor) -> Callable | None:
     """
     if not encoding.has_bias:
         return None
-    n = int(positions.max()) + 1
+    n = position_span(positions)
     if encoding.name == "alibi":
         slopes = encoding.slopes.to(positions.device)
 
@@ -190,9 +193,16 @@ def _flex(q, k, v, encoding, positions, causal):
     block_mask = _causal_block_mask(n, str(q.device)) if causal else None
     mod = score_mod(encoding, positions)
     fn = _flex_fn(q.device.type)
-    if q.device.type != "cuda":
-        return fn(q, k, v, score_mod=mod, block_mask=block_mask)
     key = encoding.name
+    if torch.compiler.is_compiling():  # inside a compiled model: the outer compile builds the kernel
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, score_mod=mod, block_mask=block_mask,
+                              kernel_options=_flex_options_that_work.get(key))
+    if q.device.type != "cuda":
+        with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return fn(q, k, v, score_mod=mod, block_mask=block_mask)
     candidates = [_flex_options_that_work[key]] if key in _flex_options_that_work else FLEX_KERNEL_OPTIONS
     errors = []
     for options in candidates:

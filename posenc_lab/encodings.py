@@ -28,6 +28,17 @@ from . import absolute, bias, rope
 from .errors import PosencError, check_even, unknown_name
 
 
+def position_span(positions: torch.Tensor) -> int:
+    """``max(positions) + 1``, the size of the tables an encoding needs for ``positions``.
+
+    Under ``torch.compile``, where reading a tensor's value would break the graph, positions are the
+    model's ``0 .. n-1`` and the span is their number.
+    """
+    if torch.compiler.is_compiling():
+        return positions.shape[-1]
+    return int(positions.max()) + 1 if positions.numel() else 0
+
+
 class Encoding(nn.Module):
     """Base class: every hook defaults to "do nothing" (which is NoPE)."""
 
@@ -135,10 +146,11 @@ class RoPE(Encoding):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``cos`` and ``sin`` tables (``n d/2``), attention factor included; cached per positions tensor."""
+        compiling = torch.compiler.is_compiling()
         cached = getattr(self, "_cache", None)
-        if cached is not None and cached[0] is positions:
+        if not compiling and cached is not None and cached[0] is positions:
             return cached[1], cached[2]
-        n = int(positions.max()) + 1 if positions.numel() else 0
+        n = position_span(positions)
         if self.scaling == "dynamic-ntk":
             angles, factor = rope.dynamic_ntk_angles(positions, self.head_dim, base=self.base, train_len=self.train_len), 1.0
         else:
@@ -147,7 +159,8 @@ class RoPE(Encoding):
             angles = rope.rope_angles(positions, freqs)
         cos = (angles.cos() * factor).to(torch.float32)
         sin = (angles.sin() * factor).to(torch.float32)
-        self._cache = (positions, cos, sin)
+        if not compiling:
+            self._cache = (positions, cos, sin)
         return cos, sin
 
     def rotate(self, q, k, positions):

@@ -17,7 +17,7 @@ import math
 import time
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .errors import PosencError, PositionOutOfRange, check_positive
 from .train import autocast, clear_oom

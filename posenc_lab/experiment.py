@@ -63,6 +63,7 @@ class Spec:
     finetune_steps: int = 0
     finetune_len: int = 0
     backend: str = "auto"
+    compile: bool | None = None  # torch.compile the training step; default: on CUDA
     notes: str = ""
 
     def __post_init__(self):
@@ -204,8 +205,9 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
     label = f"{encoding}/s{seed}"
     torch.manual_seed(seed)
     model = GPT(spec.model_config(encoding))
+    compile = spec.compile if spec.compile is not None else device.type == "cuda"
     trained = train(model, train_stream, spec.train_config(seed), checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt",
-                    device=device, progress=progress, desc=f"train {label}")
+                    device=device, progress=progress, desc=f"train {label}", compile=compile)
     base = {"encoding": encoding, "seed": seed, "train_len": spec.train_len, "train_loss": round(trained["train_loss"], 5),
             "train_steps": trained["train_steps"], "train_tokens": trained["train_tokens"],
             "train_seconds": round(trained["train_seconds"], 2), "finetune_steps": 0, "finetune_tokens": 0,
@@ -229,7 +231,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
             ft_cfg = replace(ft_cfg, batch_size=batch)
             ft = train(tuned, train_stream, ft_cfg, length=spec.finetune_len,
                        checkpoint=out / "checkpoints" / f"{encoding}-s{seed}-ft-{strategy}.pt",
-                       device=device, progress=progress, desc=f"fine-tune {label} {strategy}")
+                       device=device, progress=progress, desc=f"fine-tune {label} {strategy}", compile=compile)
             evaluated, per_position = _evaluate_all(tuned, spec, eval_stream, device, progress, f"{label} {strategy}+ft")
             name = f"{strategy}+ft"
             rows += [{**base, "strategy": name, "finetune_steps": spec.finetune_steps, "finetune_tokens": ft["train_tokens"],

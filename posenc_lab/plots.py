@@ -8,11 +8,32 @@ from pathlib import Path
 
 import numpy as np
 
+from .encodings import ENCODINGS
 from .report import label, summarize
+from .rope import ROPE_SCALINGS
+
+# one fixed colour per curve, the same in every figure: encodings first, then RoPE's strategies
+_ORDER = [n for n in ENCODINGS if n != "rope"] + [f"rope/{s}" for s in ROPE_SCALINGS] + [f"rope/{s}+ft" for s in ROPE_SCALINGS]
+
+
+def color(name: str):
+    import matplotlib
+
+    key = name if name in _ORDER else name.split("/")[0]
+    index = _ORDER.index(key) if key in _ORDER else len(_ORDER)
+    return matplotlib.colormaps["tab20"].colors[index % 20]
+
+
+def _length_axis(ax):
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.grid(True, alpha=0.3)
 
 
 def ppl_vs_length(rows: list[dict], mode: str, ax, *, labels: list[str] | None = None, metric: str = "perplexity"):
-    """Perplexity against evaluation length (log-log), one line per encoding/strategy, error bars over seeds."""
+    """Perplexity against evaluation length (log-2 length axis), one line per encoding/strategy, error bars over seeds."""
     summary = summarize(rows, metric)[mode]
     train_len = int(rows[0]["train_len"])
     for name in labels or sorted(summary):
@@ -23,41 +44,47 @@ def ppl_vs_length(rows: list[dict], mode: str, ax, *, labels: list[str] | None =
         means = [cells[n][0] for n in lengths]
         stds = [cells[n][1] for n in lengths]
         style = "--" if "/" in name and not name.endswith("/none") else "-"
-        ax.errorbar(lengths, means, yerr=stds, marker="o", ms=3, capsize=2, ls=style, label=name)
+        ax.errorbar(lengths, means, yerr=stds, marker="o", ms=3, capsize=2, ls=style, label=name, color=color(name))
     ax.axvline(train_len, color="grey", lw=0.8, ls=":")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _length_axis(ax)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel(f"{metric} ({mode})")
     ax.set_title(f"{mode} windows; trained at {train_len}")
     return ax
 
 
-def per_position(units: list[dict], length: int, ax, *, strategies=("-", "none"), bins: int = 64, labels=None):
-    """Mean loss at each position of a window of ``length`` (non-overlapping), averaged in ``bins`` bins and over seeds."""
+def per_position(units: list[dict], length: int, ax, *, strategies=("-", "none"), bins: int = 40, labels=None):
+    """Mean loss at each position of a window of ``length`` (non-overlapping), over windows and seeds.
+
+    Positions are averaged in log-spaced bins: the first positions (little context) keep their own
+    bins, the far end of the window is averaged over many positions, where few windows would
+    otherwise leave only noise.
+    """
     curves = defaultdict(list)
+    train_len = None
     for unit in units:
+        train_len = train_len or int(unit["rows"][0]["train_len"])
         for strategy, by_len in unit["per_position"].items():
             name = label({"encoding": unit["encoding"], "strategy": strategy})
             wanted = name in labels if labels else strategy in strategies
             if wanted and str(length) in by_len:
                 curves[name].append(np.asarray(by_len[str(length)]))
-    train_len = None
+    edges = np.unique(np.geomspace(1, length, bins + 1).astype(int))
+    edges[0] = 0
     for name in labels or sorted(curves):
         if name not in curves:
             continue
         mean = np.mean(curves[name], axis=0)
-        edges = np.linspace(0, length, bins + 1).astype(int)
-        centres = (edges[:-1] + edges[1:]) / 2
+        centres = [(a + b - 1) / 2 + 1 for a, b in zip(edges[:-1], edges[1:])]
         binned = [mean[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]
-        ax.plot(centres, binned, label=name)
-    for unit in units:
-        train_len = train_len or unit["rows"][0]["train_len"]
+        ax.plot(centres, binned, label=name, color=color(name))
     if train_len:
-        ax.axvline(int(train_len), color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("position in the window")
+        ax.axvline(train_len, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.grid(True, alpha=0.3)
+    ax.set_xlabel("position in the window (1 = first predicted byte)")
     ax.set_ylabel("mean loss (nats)")
-    ax.set_title(f"loss at each position, windows of {length}")
+    ax.set_title(f"loss at each position, non-overlapping windows of {length}")
     return ax
 
 

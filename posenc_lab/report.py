@@ -85,3 +85,90 @@ def report(out: Path | str, *, figures: bool = True) -> str:
         written = plots.save_report_figures(rows, units, Path(out) / "figures")
         text += ["", "figures: " + ", ".join(str(p) for p in written)]
     return "\n".join(text)
+
+
+# --------------------------------------------------------------------------------------------- claims
+
+def _mean(summary_mode: dict, name: str, length: int) -> float:
+    cell = summary_mode.get(name, {}).get(length)
+    return cell[0] if cell else math.nan
+
+
+def breaking_length(summary_mode: dict, name: str, tolerance: float = 1.10) -> int | None:
+    """The first evaluation length whose perplexity exceeds ``tolerance`` times the one at the training length."""
+    cells = summary_mode.get(name, {})
+    lengths = sorted(cells)
+    if not lengths:
+        return None
+    base = cells[lengths[0]][0]
+    for length in lengths[1:]:
+        if math.isnan(cells[length][0]) or cells[length][0] > tolerance * base:
+            return length
+    return None
+
+
+def claims(rows: list[dict], mode: str) -> list[dict]:
+    """The article's three claims and the ALiBi paper's ordering, each judged from ``rows`` in one evaluation mode.
+
+    Every verdict states its criterion and the numbers it used, so a reader can disagree with the
+    criterion without having to trust the conclusion.
+    """
+    s = summarize(rows, "perplexity")[mode]
+    lengths = sorted({int(r["eval_len"]) for r in rows})
+    train, longest = lengths[0], lengths[-1]
+    out = []
+
+    def growth(name):
+        return _mean(s, name, longest) / _mean(s, name, train)
+
+    alibi_t, rope_t = _mean(s, "alibi", train), _mean(s, "rope/none", train)
+    candidates = [n for n in s if not n.startswith("rope/") or n == "rope/none"]
+    candidates = [n for n in candidates if not math.isnan(_mean(s, n, longest))]
+    most_stable = min(candidates, key=growth)
+    out.append({
+        "claim": "1. ALiBi is slightly worse than RoPE at the training length but the most stable beyond it",
+        "criterion": f"(a) ALiBi's perplexity at {train} above RoPE's; (b) ALiBi has the smallest growth "
+                     f"ppl({longest}) / ppl({train}) of all encodings that can run at {longest}",
+        "numbers": f"at {train}: ALiBi {alibi_t:.3f}, RoPE {rope_t:.3f}; growth: "
+                   + ", ".join(f"{n} {growth(n):.2f}" for n in sorted(candidates, key=growth)),
+        "holds": {"a": alibi_t > rope_t, "b": most_stable == "alibi"},
+    })
+    beyond = [n for n in lengths if n > train]
+    strategies = [n for n in s if n.startswith("rope/")]
+    best = {n: min(strategies, key=lambda x: _mean(s, x, n)) for n in beyond}
+    ntk_wins = sum(best[n] in ("rope/ntk", "rope/dynamic-ntk") for n in beyond)
+    out.append({
+        "claim": "2. RoPE with NTK-style scaling is the most accurate RoPE strategy past the training length",
+        "criterion": "ntk or dynamic-ntk has the lowest perplexity among RoPE's strategies at every length beyond training",
+        "numbers": "best strategy per length: " + ", ".join(f"{n}: {best[n].split('/')[1]} ({_mean(s, best[n], n):.3f})" for n in beyond),
+        "holds": {"all lengths": ntk_wins == len(beyond), "lengths won": f"{ntk_wins} of {len(beyond)}"},
+    })
+    t5_g, rope_g, alibi_g = growth("t5"), growth("rope/none"), growth("alibi")
+    out.append({
+        "claim": "3. T5's bias extrapolates clearly worse than RoPE and ALiBi",
+        "criterion": f"T5's growth ppl({longest}) / ppl({train}) above both RoPE's (no scaling) and ALiBi's",
+        "numbers": f"growth: T5 {t5_g:.2f}, RoPE {rope_g:.2f}, ALiBi {alibi_g:.2f}; at {longest}: T5 "
+                   f"{_mean(s, 't5', longest):.3f}, RoPE {_mean(s, 'rope/none', longest):.3f}, ALiBi {_mean(s, 'alibi', longest):.3f}",
+        "holds": {"worse than RoPE": t5_g > rope_g, "worse than ALiBi": t5_g > alibi_g},
+    })
+    order = {n: breaking_length(s, n) for n in ("sinusoidal", "rope/none", "t5", "alibi")}
+    never = longest * 2
+    ranked = sorted(order, key=lambda n: order[n] or never)
+    out.append({
+        "claim": "ALiBi paper's ordering: sinusoidal breaks first, then rotary, T5 holds to about 2x, ALiBi stays flat",
+        "criterion": "breaking length = first length whose perplexity exceeds 1.1x the training-length perplexity; "
+                     "order by breaking length",
+        "numbers": ", ".join(f"{n}: {order[n] or f'never (to {longest})'}" for n in ranked),
+        "holds": {"ALiBi never breaks": order["alibi"] is None,
+                  "sinusoidal first": order["sinusoidal"] is not None and order["sinusoidal"] == min(v or never for v in order.values()),
+                  "T5 holds to 2x": order["t5"] is None or order["t5"] > 2 * train},
+    })
+    return out
+
+
+def claims_text(rows: list[dict], mode: str) -> str:
+    lines = []
+    for c in claims(rows, mode):
+        verdict = "; ".join(f"{k}: {'holds' if v is True else 'does not hold' if v is False else v}" for k, v in c["holds"].items())
+        lines += [f"{c['claim']}", f"  criterion: {c['criterion']}", f"  measured ({mode}): {c['numbers']}", f"  verdict: {verdict}", ""]
+    return "\n".join(lines).rstrip()

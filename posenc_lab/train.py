@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .data import batch_at
 from .errors import PosencError, TrainingDiverged, check_positive
@@ -105,11 +105,13 @@ def train(
     device: torch.device | str = "cpu",
     progress: bool = True,
     desc: str = "train",
+    compile: bool = False,
 ) -> dict:
     """Train ``model`` on windows of ``length`` (default: its training length) drawn from ``stream``.
 
     With ``checkpoint`` set, resumes from it when it exists and saves to it every
-    ``checkpoint_every`` steps and at the end. Returns the loss history and throughput.
+    ``checkpoint_every`` steps and at the end. ``compile`` runs the forward and backward through
+    ``torch.compile``. Returns the loss history and throughput.
     """
     device = torch.device(device)
     length = length or model.cfg.train_len
@@ -130,6 +132,7 @@ def train(
                          "state": state, "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}, checkpoint)
 
     model.train()
+    loss_fn = torch.compile(model.loss) if compile else model.loss
     bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc=desc,
                disable=not progress, dynamic_ncols=True, mininterval=1.0)
     tokens_per_step = cfg.batch_size * length
@@ -140,7 +143,7 @@ def train(
         x, y = (t.to(device) for t in batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed))
         with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
             with autocast(device):
-                loss = model.loss(x, y)
+                loss = loss_fn(x, y)
             value = loss.item()
             if not math.isfinite(value):
                 where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""

@@ -145,3 +145,30 @@ def test_auto_backend_choice():
 
     cpu = torch.device("cpu")
     assert {choose_backend(encoding(n), cpu) for n in NAMES} == {"sdpa"}
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "auto"])
+@pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "t5", "kerple", "fire"])
+def test_fast_paths_in_bf16_within_1e_2_of_reference(name, backend, device):
+    enc = encoding(name).to(device)
+    q, k, v = (t.to(device) for t in qkv(n=256, dtype=torch.bfloat16))
+    with torch.no_grad():
+        ref = attention(q, k, v, enc, backend="reference").float()
+        got = attention(q, k, v, enc, backend=backend).float()
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
+def test_flex_on_cuda_at_long_length_matches_sdpa_and_trains(name):
+    enc = encoding(name).cuda()
+    q, k, v = (t.cuda().requires_grad_() for t in qkv(n=4096, dtype=torch.bfloat16))
+    out = attention(q, k, v, enc, backend="flex")
+    ref = attention(q, k, v, enc, backend="sdpa")
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+    out.float().sum().backward()
+    assert all(p.grad is not None for p in enc.parameters())

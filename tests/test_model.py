@@ -43,3 +43,19 @@ def test_lr_schedule_warms_up_then_decays_to_floor():
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(10, cfg) == pytest.approx(1.0) and lr_at(100, cfg) == pytest.approx(0.1)
     assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 100))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["rope", "t5", "learned"])
+def test_compiled_training_step_matches_eager(encoding):
+    model = small(encoding)
+    x = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    compiled = torch.compile(model.loss)(x[:, :-1], x[:, 1:])
+    compiled.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model.loss(x[:, :-1], x[:, 1:])
+    eager.backward()
+    assert compiled.item() == pytest.approx(eager.item(), rel=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU time slice of the `paper` experiment and the full-size benchmarks, as one prepared script.
+#
+#   BUDGET=540 OUT=/path/for/results bash scripts/gpu_slice.sh
+#
+# * Continues the paper preset from the units already committed under results/paper/units
+#   (finished encoding x seed pairs are skipped), stops cleanly (SIGINT) before BUDGET seconds,
+#   and copies every finished unit, the tidy table and the report back to results/paper/ and $OUT.
+# * Runs the attention and training-throughput benchmarks at full size first (a few minutes),
+#   unless SKIP_BENCH=1 or their JSON already exists.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUDGET=${BUDGET:-540}
+OUT=${OUT:-results/paper-out}
+PY=${PY:-python}
+start=$(date +%s)
+mkdir -p "$OUT" results/benchmarks results/paper/units runs/paper/units
+left() { echo $(( BUDGET - ($(date +%s) - start) )); }
+
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -f results/benchmarks/gpu-attention.json ]; then
+  timeout $(( $(left) / 4 )) $PY benchmarks/attention.py --json results/benchmarks/gpu-attention.json | tee "$OUT/gpu-attention.txt"
+  timeout $(( $(left) / 4 )) $PY benchmarks/train_throughput.py --json results/benchmarks/gpu-train.json | tee "$OUT/gpu-train.txt"
+  cp results/benchmarks/gpu-*.json "$OUT"/ 2>/dev/null
+fi
+
+cp -n results/paper/units/*.json runs/paper/units/ 2>/dev/null
+[ -f results/paper/config.json ] && cp -n results/paper/config.json runs/paper/
+timeout --signal=INT --kill-after=30 $(( $(left) - 45 )) $PY -m posenc_lab run --preset paper --out runs/paper --no-progress --no-report
+cp runs/paper/units/*.json results/paper/units/ 2>/dev/null
+cp runs/paper/config.json runs/paper/results.csv runs/paper/results.json results/paper/ 2>/dev/null
+$PY -m posenc_lab report results/paper --no-figures | tee "$OUT/paper-report.txt"
+tar czf "$OUT/paper-units.tgz" -C results paper
+echo "units finished: $(ls results/paper/units | wc -l); seconds used: $(( $(date +%s) - start ))"
