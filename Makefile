@@ -38,6 +38,7 @@ book: env mathjax
 notebooks: env
 	$(VENV)/bin/jupytext -q --set-formats ipynb,md:myst notebooks/*.md
 	cd notebooks && for nb in *.ipynb; do ../$(VENV)/bin/jupyter execute --inplace "$$nb" || exit 1; done
+	$(PY) book/strip_timings.py notebooks/*.ipynb
 	$(VENV)/bin/jupytext -q --sync notebooks/*.ipynb
 
 # the committed CPU experiment and benchmarks (about 30 and 10 minutes on two cores)

@@ -17,8 +17,9 @@ EPILOG = """examples:
   python -m posenc_lab run --preset cpu --encodings rope --finetune pi,yarn --finetune-steps 200 --finetune-len 512 --out runs/ft
   python -m posenc_lab report runs/cpu
 
-A run writes config.json, units/ (one file per finished encoding and seed), checkpoints/,
-results.csv and results.json to --out. Running the same command again continues where it stopped.
+A run writes to --out: config.json, units/ (one file per finished encoding and seed),
+models/ (final weights), checkpoints/ (training state of unfinished units), results.csv and
+results.json, figures/. Running the same command again continues where it stopped.
 """
 
 

@@ -186,6 +186,7 @@ def _flex_fn(device_type: str):
 # score_mod has run out of shared memory with the default tiles on Hopper)
 FLEX_KERNEL_OPTIONS = (None, {"BLOCK_M": 64, "BLOCK_N": 64})
 _flex_options_that_work: dict[str, dict | None] = {}
+_flex_failed: set[str] = set()
 
 
 def _flex(q, k, v, encoding, positions, causal):
@@ -193,7 +194,7 @@ def _flex(q, k, v, encoding, positions, causal):
     block_mask = _causal_block_mask(n, str(q.device)) if causal else None
     mod = score_mod(encoding, positions)
     fn = _flex_fn(q.device.type)
-    key = encoding.name
+    key = f"{encoding.name}@{q.device}"
     if torch.compiler.is_compiling():  # inside a compiled model: the outer compile builds the kernel
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -203,18 +204,31 @@ def _flex(q, k, v, encoding, positions, causal):
         with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             return fn(q, k, v, score_mod=mod, block_mask=block_mask)
+    return first_kernel_that_compiles(
+        key,
+        lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
+        lambda: _sdpa(q, k, v, encoding, positions, causal),
+    )
+
+
+def first_kernel_that_compiles(key: str, call: Callable, fallback: Callable):
+    """``call(kernel_options)`` with the first of ``FLEX_KERNEL_OPTIONS`` that works, remembered per ``key``;
+    if none does, warn once and use ``fallback()`` from then on (no repeated compile attempts)."""
+    if key in _flex_failed:
+        return fallback()
     candidates = [_flex_options_that_work[key]] if key in _flex_options_that_work else FLEX_KERNEL_OPTIONS
     errors = []
     for options in candidates:
         try:
-            out = fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options)
+            out = call(options)
             _flex_options_that_work[key] = options
             return out
         except Exception as err:  # a kernel that does not compile on this GPU: try the next tiles
             errors.append(f"{options}: {type(err).__name__}: {str(err)[:200]}")
-    warnings.warn(f"FlexAttention failed for {key} on {q.device} ({'; '.join(errors)}); falling back to SDPA "
-                  "with a materialized bias", RuntimeWarning, stacklevel=3)
-    return _sdpa(q, k, v, encoding, positions, causal)
+    _flex_failed.add(key)
+    warnings.warn(f"FlexAttention failed for {key} ({'; '.join(errors)}); falling back to SDPA with a "
+                  "materialized bias", RuntimeWarning, stacklevel=3)
+    return fallback()
 
 
 _BACKEND_FNS = {"reference": _reference, "sdpa": _sdpa, "flex": _flex}

@@ -14,7 +14,6 @@ import copy
 import csv
 import io
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, evaluate, window_plan
 from .model import GPT, GPTConfig
 from .rope import ROPE_SCALINGS
-from .train import TrainConfig, train
+from .train import TrainConfig, replace_atomically, save_atomic, train
 
 MAIN_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")  # the article's, with several seeds
 
@@ -157,10 +156,7 @@ def device_name(device: torch.device) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "eval_mode", "stride", "status", "loss",
@@ -237,6 +233,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
             rows += [{**base, "strategy": name, "finetune_steps": spec.finetune_steps, "finetune_tokens": ft["train_tokens"],
                       "finetune_len": spec.finetune_len, **r} for r in evaluated]
             curves[name] = per_position
+    save_atomic(model.state_dict(), out / "models" / f"{encoding}-s{seed}.pt")
     return {"encoding": encoding, "seed": seed, "rows": rows, "per_position": curves,
             "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model)}
 
@@ -292,6 +289,8 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
         record = run_unit(spec, encoding, seed, train_stream, eval_stream, out, device, progress, common)
         record["seconds"] = round(time.perf_counter() - t0, 1)
         write_atomic(path, json.dumps(record))
+        for ckpt in (out / "checkpoints").glob(f"{encoding}-s{seed}*.pt"):
+            ckpt.unlink()  # the unit is done: its training state is no longer needed (weights are in models/)
         write_table(out, collect(out))
     rows = collect(out)
     write_table(out, rows)

@@ -77,12 +77,18 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
-def save_atomic(obj, path: Path) -> None:
-    """``torch.save`` to a temporary file in the same folder, then rename over ``path``."""
+def replace_atomically(path: Path, write) -> None:
+    """``write(tmp)`` to a temporary file in ``path``'s folder, then rename it over ``path``:
+    a reader (or a run killed half-way) sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(obj, tmp)
+    write(tmp)
     os.replace(tmp, path)
+
+
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` of ``obj`` to ``path``, atomically."""
+    replace_atomically(path, lambda tmp: torch.save(obj, tmp))
 
 
 @contextlib.contextmanager

@@ -6,8 +6,8 @@
 # * Continues the paper preset from the units already committed under results/paper/units
 #   (finished encoding x seed pairs are skipped), stops cleanly (SIGINT) before BUDGET seconds,
 #   and copies every finished unit, the tidy table and the report back to results/paper/ and $OUT.
-# * Runs the attention and training-throughput benchmarks at full size first (a few minutes),
-#   unless SKIP_BENCH=1 or their JSON already exists.
+# * Runs the CUDA-only tests, then the attention and training-throughput benchmarks at full size
+#   (a few minutes), unless SKIP_BENCH=1 or their JSON already exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=${BUDGET:-540}
@@ -19,6 +19,9 @@ left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+
+# the CUDA-only tests (FlexAttention at 4,096 tokens, bf16 fast paths against the reference)
+timeout 300 $PY -m pytest -q tests/test_attention.py -k "cuda" 2>&1 | tail -5 | tee "$OUT/cuda-tests.txt"
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -f results/benchmarks/gpu-attention.json ]; then
   timeout $(( $(left) / 4 )) $PY benchmarks/attention.py --json results/benchmarks/gpu-attention.json | tee "$OUT/gpu-attention.txt"

@@ -172,3 +172,31 @@ def test_flex_on_cuda_at_long_length_matches_sdpa_and_trains(name):
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
     out.float().sum().backward()
     assert all(p.grad is not None for p in enc.parameters())
+
+
+def test_flex_kernel_options_fall_through_then_back_to_sdpa_once():
+    import importlib
+
+    att = importlib.import_module("posenc_lab.attention")  # the module, not the function of the same name
+    tried = []
+
+    def smaller_tiles_only(options):
+        tried.append(options)
+        if options is None:
+            raise RuntimeError("out of resource: shared memory")
+        return "flex result"
+
+    assert att.first_kernel_that_compiles("test-a", smaller_tiles_only, lambda: "sdpa") == "flex result"
+    assert att.first_kernel_that_compiles("test-a", smaller_tiles_only, lambda: "sdpa") == "flex result"
+    assert tried == [None, {"BLOCK_M": 64, "BLOCK_N": 64}, {"BLOCK_M": 64, "BLOCK_N": 64}]
+
+    attempts = []
+
+    def never(options):
+        attempts.append(options)
+        raise RuntimeError("illegal memory access")
+
+    with pytest.warns(RuntimeWarning, match="falling back to SDPA"):
+        assert att.first_kernel_that_compiles("test-b", never, lambda: "sdpa") == "sdpa"
+    assert att.first_kernel_that_compiles("test-b", never, lambda: "sdpa") == "sdpa"
+    assert len(attempts) == len(att.FLEX_KERNEL_OPTIONS)  # the second call did not try again

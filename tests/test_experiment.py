@@ -125,6 +125,8 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
             assert r["status"] == "ok" and 0 < r["loss"] < 10 and r["tokens"] == spec.eval_tokens
     ft = [r for r in rows if r["strategy"] == "pi+ft"]
     assert all(r["finetune_steps"] == 4 and r["finetune_tokens"] == 4 * 4 * 128 for r in ft)
+    assert sorted(p.name for p in (out / "models").iterdir()) == sorted(f"{e}-s0.pt" for e in spec.encodings)
+    assert not list((out / "checkpoints").glob("*.pt")), "finished units keep weights, not training state"
     header = (out / "results.csv").read_text().splitlines()[0].split(",")
     assert header == experiment.COLUMNS
     first = rows[0]
