@@ -166,9 +166,15 @@ def claims(rows: list[dict], mode: str) -> list[dict]:
     return out
 
 
-def claims_text(rows: list[dict], mode: str) -> str:
+def claims_text(rows: list[dict], mode: str, width: int = 76) -> str:
+    """:func:`claims` as plain text, wrapped at ``width`` characters."""
+    import textwrap
+
     lines = []
     for c in claims(rows, mode):
         verdict = "; ".join(f"{k}: {'holds' if v is True else 'does not hold' if v is False else v}" for k, v in c["holds"].items())
-        lines += [f"{c['claim']}", f"  criterion: {c['criterion']}", f"  measured ({mode}): {c['numbers']}", f"  verdict: {verdict}", ""]
+        lines += textwrap.wrap(c["claim"], width, subsequent_indent="   ")
+        for name, text in (("criterion", c["criterion"]), (f"measured ({mode})", c["numbers"]), ("verdict", verdict)):
+            lines += textwrap.wrap(f"{name}: {text}", width, initial_indent="  ", subsequent_indent="    ")
+        lines.append("")
     return "\n".join(lines).rstrip()
