@@ -3,7 +3,7 @@
 #
 #   BUDGET=540 OUT=/path/for/results bash scripts/gpu_slice.sh
 #
-# * Continues the paper preset from the units already committed under results/paper/units
+# * Continues the paper preset (or $PRESET) from the units already committed under results/paper/units
 #   (finished encoding x seed pairs are skipped), stops cleanly (SIGINT) before BUDGET seconds,
 #   and copies every finished unit, the tidy table and the report back to results/paper/ and $OUT.
 # * Runs the CUDA-only tests, then the attention and training-throughput benchmarks at full size
@@ -11,17 +11,22 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=${BUDGET:-540}
-OUT=${OUT:-results/paper-out}
+PRESET=${PRESET:-paper}          # PRESET=ci SKIP_BENCH=1 rehearses the whole script on a CPU in a minute
+RESULTS=results/$PRESET
+RUN=runs/$PRESET
+OUT=${OUT:-$RESULTS-out}
 PY=${PY:-python}
 start=$(date +%s)
-mkdir -p "$OUT" results/benchmarks results/paper/units runs/paper/units
+mkdir -p "$OUT" results/benchmarks "$RESULTS/units" "$RUN/units"
 left() { echo $(( BUDGET - ($(date +%s) - start) )); }
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
-# the CUDA-only tests (FlexAttention at 4,096 tokens, bf16 fast paths against the reference)
-timeout 300 $PY -m pytest -q tests/test_attention.py -k "cuda" 2>&1 | tail -5 | tee "$OUT/cuda-tests.txt"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  # the CUDA-only tests (FlexAttention at 4,096 tokens, bf16 fast paths against the reference)
+  timeout 300 $PY -m pytest -q tests/test_attention.py -k "cuda" 2>&1 | tail -5 | tee "$OUT/cuda-tests.txt"
+fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -f results/benchmarks/gpu-attention.json ]; then
   timeout $(( $(left) / 4 )) $PY benchmarks/attention.py --json results/benchmarks/gpu-attention.json | tee "$OUT/gpu-attention.txt"
@@ -29,11 +34,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -f results/benchmarks/gpu-attention.json ]
   cp results/benchmarks/gpu-*.json "$OUT"/ 2>/dev/null
 fi
 
-cp -n results/paper/units/*.json runs/paper/units/ 2>/dev/null
-[ -f results/paper/config.json ] && cp -n results/paper/config.json runs/paper/
-timeout --signal=INT --kill-after=30 $(( $(left) - 45 )) $PY -m posenc_lab run --preset paper --out runs/paper --no-progress --no-report
-cp runs/paper/units/*.json results/paper/units/ 2>/dev/null
-cp runs/paper/config.json runs/paper/results.csv runs/paper/results.json results/paper/ 2>/dev/null
-$PY -m posenc_lab report results/paper --no-figures | tee "$OUT/paper-report.txt"
-tar czf "$OUT/paper-units.tgz" -C results paper
-echo "units finished: $(ls results/paper/units | wc -l); seconds used: $(( $(date +%s) - start ))"
+cp -n "$RESULTS"/units/*.json "$RUN"/units/ 2>/dev/null
+[ -f "$RESULTS/config.json" ] && cp -n "$RESULTS/config.json" "$RUN"/
+timeout --signal=INT --kill-after=30 $(( $(left) - 45 )) $PY -m posenc_lab run --preset "$PRESET" --out "$RUN" --no-progress --no-report
+cp "$RUN"/units/*.json "$RESULTS"/units/ 2>/dev/null
+cp "$RUN"/config.json "$RUN"/results.csv "$RUN"/results.json "$RESULTS"/ 2>/dev/null
+$PY -m posenc_lab report "$RESULTS" --no-figures | tee "$OUT/$PRESET-report.txt"
+tar czf "$OUT/$PRESET-results.tgz" -C results "$PRESET"
+echo "units finished: $(ls "$RESULTS"/units | wc -l); seconds used: $(( $(date +%s) - start ))"
