@@ -54,13 +54,13 @@ class LearnedPositions(nn.Module):
         self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            if positions.shape[-1] > self.max_len:  # the model's positions are 0 .. n-1
-                raise PositionOutOfRange(f"learned absolute positions exist for 0..{self.max_len - 1}, asked for "
-                                         f"{positions.shape[-1]}: a learned table cannot extrapolate past its training length")
-        elif positions.numel() and (int(positions.max()) >= self.max_len or int(positions.min()) < 0):
+        if torch.compiler.is_compiling():  # reading values would break the graph: the model's positions are 0 .. n-1
+            first, last = 0, positions.shape[-1] - 1
+        else:
+            first, last = (int(positions.min()), int(positions.max())) if positions.numel() else (0, -1)
+        if last >= self.max_len or first < 0:
             raise PositionOutOfRange(
                 f"learned absolute positions exist for 0..{self.max_len - 1}, asked for position "
-                f"{int(positions.max())}: a learned table cannot extrapolate past its training length"
+                f"{last if last >= self.max_len else first}: a learned table cannot extrapolate past its training length"
             )
         return self.table[positions]

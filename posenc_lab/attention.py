@@ -79,26 +79,20 @@ def choose_backend(encoding: Encoding, device: torch.device) -> str:
 def bias_tensor(encoding: Encoding, positions: torch.Tensor) -> torch.Tensor | None:
     """The materialized ``h n n`` bias, built from the per-distance table when the bias is distance-only.
 
-    Cached on the encoding for the same ``positions`` tensor, parameter versions and grad mode, so
-    that the layers of one forward pass share one bias (and one node in the autograd graph).
+    Built once per forward (:meth:`Encoding.per_forward`), so that the layers of one forward pass
+    share one bias (and one node in the autograd graph).
     """
     if not encoding.has_bias:
         return None
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        key = (tuple(p._version for p in encoding.parameters()), torch.is_grad_enabled())
-        cached = getattr(encoding, "_bias_cache", None)
-        if cached is not None and cached[0] is positions and cached[1] == key:
-            return cached[2]
+    return encoding.per_forward("_bias_cache", positions, lambda: _materialize(encoding, positions))
+
+
+def _materialize(encoding: Encoding, positions: torch.Tensor) -> torch.Tensor:
     if encoding.distance_only:
         table = encoding.distance_bias(position_span(positions))  # h d
         d = (rearrange(positions, "i -> i 1") - rearrange(positions, "j -> 1 j")).clamp(min=0)
-        b = table[:, d]
-    else:
-        b = encoding.bias(positions, positions)
-    if not compiling:
-        encoding._bias_cache = (positions, key, b)
-    return b
+        return table[:, d]
+    return encoding.bias(positions, positions)
 
 
 def causal_mask(n: int, device) -> torch.Tensor:

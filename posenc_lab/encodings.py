@@ -39,6 +39,9 @@ def position_span(positions: torch.Tensor) -> int:
     return int(positions.max()) + 1 if positions.numel() else 0
 
 
+_CACHE_SLOTS = ("_cache", "_bias_cache")
+
+
 class Encoding(nn.Module):
     """Base class: every hook defaults to "do nothing" (which is NoPE)."""
 
@@ -70,9 +73,23 @@ class Encoding(nn.Module):
     def extra_repr(self) -> str:
         return f"hook={self.hook}"
 
+    def per_forward(self, slot: str, positions: torch.Tensor, compute: Callable):
+        """``compute()`` once per forward pass: reused while the same ``positions`` tensor comes back
+        (the next layer), recomputed for a new one, after a parameter update or a change of grad
+        mode. Bypassed under ``torch.compile``, which fuses the work instead."""
+        if torch.compiler.is_compiling():
+            return compute()
+        key = (tuple(p._version for p in self.parameters()), torch.is_grad_enabled())
+        cached = self.__dict__.get(slot)
+        if cached is not None and cached[0] is positions and cached[1] == key:
+            return cached[2]
+        value = compute()
+        self.__dict__[slot] = (positions, key, value)
+        return value
+
     def __getstate__(self):
         # per-forward caches (tables, biases with their autograd graph) are not part of the encoding
-        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_bias_cache")}
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHE_SLOTS}
 
 
 class NoPE(Encoding):
@@ -145,11 +162,10 @@ class RoPE(Encoding):
         return self
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``cos`` and ``sin`` tables (``n d/2``), attention factor included; cached per positions tensor."""
-        compiling = torch.compiler.is_compiling()
-        cached = getattr(self, "_cache", None)
-        if not compiling and cached is not None and cached[0] is positions:
-            return cached[1], cached[2]
+        """float32 ``cos`` and ``sin`` tables (``n d/2``), attention factor included; built once per forward."""
+        return self.per_forward("_cache", positions, lambda: self._cos_sin(positions))
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = position_span(positions)
         if self.scaling == "dynamic-ntk":
             angles, factor = rope.dynamic_ntk_angles(positions, self.head_dim, base=self.base, train_len=self.train_len), 1.0
@@ -157,11 +173,7 @@ class RoPE(Encoding):
             freqs, factor = rope.scaled_inv_freq(self.scaling, self.head_dim, base=self.base, train_len=self.train_len,
                                                  seq_len=max(n, 1), factor=self.factor, **self.scaling_options)
             angles = rope.rope_angles(positions, freqs)
-        cos = (angles.cos() * factor).to(torch.float32)
-        sin = (angles.sin() * factor).to(torch.float32)
-        if not compiling:
-            self._cache = (positions, cos, sin)
-        return cos, sin
+        return (angles.cos() * factor).to(torch.float32), (angles.sin() * factor).to(torch.float32)
 
     def rotate(self, q, k, positions):
         cos, sin = self.cos_sin(positions)
