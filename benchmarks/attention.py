@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, peak_memory, print_table, write_json  # noqa: E402
 
 import posenc_lab as pl  # noqa: E402
-from posenc_lab.attention import flex_available  # noqa: E402
+from posenc_lab.backends import flex_available  # noqa: E402
 
 ATTENTION_ENCODINGS = ("nope", "rope", "xpos", "alibi", "t5", "kerple", "fire")  # embed-hook encodings = nope here
 

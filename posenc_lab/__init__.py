@@ -6,7 +6,7 @@ and ``absolute`` with the formulas as pure functions.
 """
 
 from . import absolute, bias, rope
-from .attention import BACKENDS, attention
+from .backends import BACKENDS, attention
 from .encodings import ENCODINGS, Encoding, make_encoding
 from .errors import PosencError, PositionOutOfRange, TrainingDiverged
 

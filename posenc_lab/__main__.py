@@ -93,6 +93,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _report(folder, figures: bool = True) -> str:
+    """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``."""
+    from pathlib import Path
+
+    from . import plots, report
+
+    text = report.report(folder)
+    if figures:
+        rows, units, _ = report.load(folder)
+        written = plots.save_report_figures(rows, units, Path(folder) / "figures")
+        text += "\n\nfigures: " + ", ".join(str(p) for p in written)
+    return text
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     from . import experiment, report
@@ -105,14 +119,14 @@ def main(argv=None) -> int:
                       f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
             return 0
         if args.command == "report":
-            print(report.report(args.folder, figures=not args.no_figures))
+            print(_report(args.folder, figures=not args.no_figures))
             return 0
         overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                      if f.name not in ("preset", "notes")}
         spec = experiment.preset(args.preset, **overrides)
         experiment.run(spec, args.out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
         if not args.no_report:
-            print(report.report(args.out))
+            print(_report(args.out))
         return 0
     except (PosencError, TrainingDiverged) as err:
         print(f"posenc-lab: error: {err}", file=sys.stderr)

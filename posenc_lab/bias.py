@@ -4,7 +4,7 @@ Conventions: positions are absolute token indices; the *distance* is ``i - j >= 
 causal query can see. T5 states its buckets in terms of ``relative_position = key - query = j - i``,
 as in the original Mesh TensorFlow code; everything else here is written in ``i - j``.
 Each bias is a pure function of the positions (plus the encoding's parameters), so the same
-function fills a materialized ``h x n x n`` tensor and, in :mod:`posenc_lab.attention`, a
+function fills a materialized ``h x n x n`` tensor and, in :mod:`posenc_lab.backends`, a
 FlexAttention ``score_mod`` that never materializes one.
 """
 
@@ -151,15 +151,22 @@ class KerpleLog(nn.Module):
 # --------------------------------------------------------------------------------------------- FIRE
 
 
-def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """FIRE's normalised distance ``psi(i - j) / psi(max(L, i))`` with ``psi(x) = ln(c x + 1)`` (Li et al. 2023).
+#: added to FIRE's normaliser so that a learned ``c`` that underflows to 0 gives 0, not 0 / 0
+FIRE_EPS = 1e-6
+
+
+def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor,
+               eps: float = FIRE_EPS) -> torch.Tensor:
+    """FIRE's normalised distance ``psi(i - j) / (psi(max(L, i)) + eps)`` with ``psi(x) = ln(c x + 1)`` (Li et al. 2023).
 
     For the causal keys ``0 <= i - j <= i`` it lies in [0, 1] at every length: that is how FIRE
     interpolates rather than extrapolates. (Future keys are clamped to distance 0; they are masked.)
+    ``eps`` (:data:`FIRE_EPS`) keeps the quotient finite when ``c`` underflows to 0; for the trained
+    ``c`` and ``L`` of our runs, ``psi(L)`` is above 1 and ``eps`` changes the input by under 1e-6.
     """
     d = distances(q_pos, k_pos).clamp(min=0).to(c.dtype)
     i = rearrange(q_pos, "i -> i 1").to(c.dtype)
-    return torch.log1p(c * d) / torch.log1p(c * torch.maximum(threshold, i))
+    return torch.log1p(c * d) / (torch.log1p(c * torch.maximum(threshold, i)) + eps)
 
 
 class FIRE(nn.Module):

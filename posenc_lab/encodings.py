@@ -11,7 +11,7 @@ hook          what it does                                            encodings
 (none)        nothing                                                 nope
 ============  =====================================================  ==============================
 
-The attention backends (:mod:`posenc_lab.attention`) only need to know how to consume a bias:
+The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. ``ENCODINGS`` maps each name to its class; :func:`make_encoding` builds one from
 the model's shape.
@@ -39,7 +39,7 @@ def position_span(positions: torch.Tensor) -> int:
     return int(positions.max()) + 1 if positions.numel() else 0
 
 
-_CACHE_SLOTS = ("_cache", "_bias_cache")
+_MEMO = "_memo"
 
 
 class Encoding(nn.Module):
@@ -47,7 +47,7 @@ class Encoding(nn.Module):
 
     name = "nope"
     hook = "none"
-    #: True when the bias depends on the distance ``i - j`` only (then ``distance_bias`` is defined)
+    #: True when the bias depends on the signed distance ``i - j`` only (then ``distance_bias`` is defined)
     distance_only = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -58,38 +58,65 @@ class Encoding(nn.Module):
         """``q, k`` are ``b h n d``; returns them transformed."""
         return q, k
 
+    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor, role: str) -> torch.Tensor:
+        """Transform queries (``role="q"``) or keys (``role="k"``) alone: a key/value cache rotates each
+        key once, when it enters the cache, and each new query at its own position."""
+        return x
+
     @property
     def has_bias(self) -> bool:
         return self.hook == "bias"
+
+    #: whether the encoding has a defined form for non-causal (bidirectional) attention
+    noncausal = True
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """``b[h, i, j]`` for every head, query and key position, or None."""
         return None
 
-    def distance_bias(self, max_distance: int) -> torch.Tensor:
-        """``b[h, d]`` for distances ``d = 0 .. max_distance - 1`` (only when ``distance_only``)."""
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        """``b[h, k]``: the bias at each signed distance ``distances[k] = i - j`` (only when ``distance_only``)."""
         raise NotImplementedError(f"{self.name} has no per-distance bias")
 
     def extra_repr(self) -> str:
         return f"hook={self.hook}"
 
-    def per_forward(self, slot: str, positions: torch.Tensor, compute: Callable):
-        """``compute()`` once per forward pass: reused while the same ``positions`` tensor comes back
-        (the next layer), recomputed for a new one, after a parameter update or a change of grad
-        mode. Bypassed under ``torch.compile``, which fuses the work instead."""
+    def needs_grad(self) -> bool:
+        """Whether what the encoding computes now takes part in autograd (grad mode and a learned parameter)."""
+        return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+
+    def memo(self, slot: str, tensors: tuple[torch.Tensor, ...], extra, compute: Callable):
+        """``compute()`` once, reused while the same inputs come back.
+
+        *The same* means: the very same ``tensors`` objects (the next layer of one forward pass), or,
+        when nothing here takes part in autograd, tensors of equal values (the next window of an
+        evaluation, the next step of generation). A parameter update (its version counter), a change
+        of grad mode, of ``extra``, dtype or device recomputes. Bypassed under ``torch.compile``,
+        which fuses the work instead. A value that carries an autograd graph is never reused by a
+        later forward pass.
+        """
         if torch.compiler.is_compiling():
             return compute()
-        key = (tuple(p._version for p in self.parameters()), torch.is_grad_enabled())
-        cached = self.__dict__.get(slot)
-        if cached is not None and cached[0] is positions and cached[1] == key:
-            return cached[2]
+        grad = self.needs_grad()
+        key = (tuple((id(p), p._version) for p in self.parameters()), grad, extra,
+               tuple((t.shape, t.dtype, t.device) for t in tensors))
+        store = self.__dict__.setdefault(_MEMO, {})
+        hit = store.get(slot)
+        if hit is not None and hit[0] == key:
+            same = all(a is b for a, b in zip(hit[1], tensors))
+            if same or (not grad and all(torch.equal(a, b) for a, b in zip(hit[2], tensors))):
+                return hit[3]
         value = compute()
-        self.__dict__[slot] = (positions, key, value)
+        store[slot] = (key, tensors, tuple(t.detach().clone() for t in tensors), value)
         return value
 
+    def clear_cache(self) -> None:
+        """Drop every memoised table and bias (they are rebuilt on the next call)."""
+        self.__dict__.pop(_MEMO, None)
+
     def __getstate__(self):
-        # per-forward caches (tables, biases with their autograd graph) are not part of the encoding
-        return {k: v for k, v in self.__dict__.items() if k not in _CACHE_SLOTS}
+        # memoised tables and biases (with their autograd graph) are not part of the encoding
+        return {k: v for k, v in self.__dict__.items() if k != _MEMO}
 
 
 class NoPE(Encoding):
@@ -134,57 +161,79 @@ class RoPE(Encoding):
     """Rotary embedding with an extrapolation strategy (``scaling``) chosen at any time, e.g. at evaluation.
 
     ``scaling`` is a key of :data:`rope.ROPE_SCALINGS`; with ``factor=None`` the factor follows the
-    sequence length (``max(1, n / train_len)``). ``dynamic-ntk`` is applied position-wise
-    (:func:`rope.dynamic_ntk_angles`), as a model generating with a key/value cache sees it.
+    sequence length (``max(1, n / train_len)``). ``dynamic-ntk`` comes in the two forms deployed
+    models use (``dynamic``):
+
+    * ``"cache"`` (default): position-wise, the token at position ``p`` is rotated with the base for
+      length ``p + 1`` (:func:`rope.dynamic_ntk_angles`): what a model generating one token at a time
+      with a key/value cache computes, each key keeping the rotation it got when it entered the cache;
+    * ``"sequence"``: every position is rotated with the base for the whole current length
+      (``max(positions) + 1``): what a fresh forward pass over the sequence computes.
+
+    The tables are computed in float64 and applied in the input's precision, float32 or better.
     """
 
     name, hook = "rope", "rotate"
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, layout: str = "half",
-                 scaling: str = "none", factor: float | None = None, **scaling_options):
+                 scaling: str = "none", factor: float | None = None, dynamic: str = "cache", **scaling_options):
         super().__init__()
         check_even("RoPE head dimension", head_dim)
         if layout not in rope.LAYOUTS:
             raise unknown_name("RoPE layout", layout, rope.LAYOUTS)
         self.head_dim, self.train_len, self.base, self.layout = head_dim, train_len, base, layout
-        self.set_scaling(scaling, factor, **scaling_options)
-        self._cache: tuple | None = None
+        self.set_scaling(scaling, factor, dynamic=dynamic, **scaling_options)
 
-    def set_scaling(self, method: str, factor: float | None = None, **options) -> "RoPE":
+    def set_scaling(self, method: str, factor: float | None = None, *, dynamic: str | None = None, **options) -> "RoPE":
         """Switch the extrapolation strategy (no retraining); checks the arguments at once."""
         if method == "dynamic-ntk" and factor is not None:
             raise PosencError("dynamic-ntk derives its factor from the sequence length; use 'ntk' for a fixed factor")
+        dynamic = dynamic or getattr(self, "dynamic", "cache")
+        if dynamic not in DYNAMIC_FORMS:
+            raise unknown_name("dynamic-NTK form", dynamic, DYNAMIC_FORMS)
         seq_len = self.train_len if method == "dynamic-ntk" else None
         rope.scaled_inv_freq(method, self.head_dim, base=self.base, train_len=self.train_len,
                              seq_len=seq_len, factor=factor, **options)
-        self.scaling, self.factor, self.scaling_options = method, factor, options
-        self._cache = None
+        self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
+        self.clear_cache()
         return self
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``cos`` and ``sin`` tables (``n d/2``), attention factor included; built once per forward."""
-        return self.per_forward("_cache", positions, lambda: self._cos_sin(positions))
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and ``sin`` tables (``n d/2``) in ``dtype``, attention factor included; memoised (:meth:`memo`)."""
+        return self.memo(f"cos_sin/{dtype}", (positions,), dtype, lambda: self._cos_sin(positions, dtype))
 
-    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         n = position_span(positions)
-        if self.scaling == "dynamic-ntk":
+        if self.scaling == "dynamic-ntk" and self.dynamic == "cache":
             angles, factor = rope.dynamic_ntk_angles(positions, self.head_dim, base=self.base, train_len=self.train_len), 1.0
         else:
             freqs, factor = rope.scaled_inv_freq(self.scaling, self.head_dim, base=self.base, train_len=self.train_len,
                                                  seq_len=max(n, 1), factor=self.factor, **self.scaling_options)
             angles = rope.rope_angles(positions, freqs)
-        return (angles.cos() * factor).to(torch.float32), (angles.sin() * factor).to(torch.float32)
+        return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
     def rotate(self, q, k, positions):
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self.cos_sin(positions, torch.promote_types(q.dtype, torch.float32))
         return rope.rotate(q, cos, sin, self.layout), rope.rotate(k, cos, sin, self.layout)
+
+    def rotate_one(self, x, positions, role):
+        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32))
+        return rope.rotate(x, cos, sin, self.layout)
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
 
 
+DYNAMIC_FORMS = ("cache", "sequence")
+
+
 class XPos(Encoding):
-    """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`rope.apply_xpos`."""
+    """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`rope.apply_xpos`.
+
+    ``rotate`` centres the positions of the sequence (no score changes, the powers stay small);
+    ``rotate_one`` (a key/value cache, where queries and keys are scaled at different times) uses
+    the fixed centre 0, which keeps float32 finite up to about ``70 * scale_base`` positions.
+    """
 
     name, hook = "xpos", "rotate"
 
@@ -199,21 +248,31 @@ class XPos(Encoding):
         return rope.apply_xpos(q, k, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
                                layout=self.layout)
 
+    def rotate_one(self, x, positions, role):
+        if role not in ("q", "k"):
+            raise PosencError(f"role must be 'q' or 'k', got {role!r}")
+        q, k = rope.apply_xpos(x, x, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
+                               layout=self.layout, centre=0)
+        return q if role == "q" else k
+
 
 class _BiasEncoding(Encoding):
     hook = "bias"
     distance_only = True
 
-    def distance_bias(self, max_distance: int) -> torch.Tensor:
-        d = torch.arange(max_distance, device=self._device())
-        return self.bias(d, torch.zeros(1, dtype=d.dtype, device=d.device))[:, :, 0]
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
 
-    def _device(self) -> torch.device:
-        return next(iter(self.parameters()), torch.empty(0)).device
+    def device(self) -> torch.device:
+        return next(iter(self.parameters()), next(iter(self.buffers()), torch.empty(0))).device
 
 
 class ALiBi(_BiasEncoding):
-    """ALiBi (Press et al. 2022): ``b[h, i, j] = -m_h |i - j|`` with fixed slopes :func:`bias.alibi_slopes`."""
+    """ALiBi (Press et al. 2022): ``b[h, i, j] = -m_h |i - j|`` with fixed slopes :func:`bias.alibi_slopes`.
+
+    The paper defines the causal case; for non-causal attention the same ``-m_h |i - j|`` is used
+    for keys on both sides of the query.
+    """
 
     name = "alibi"
 
@@ -221,15 +280,16 @@ class ALiBi(_BiasEncoding):
         super().__init__()
         self.register_buffer("slopes", bias.alibi_slopes(num_heads).to(torch.float32), persistent=False)
 
-    def _device(self):
-        return self.slopes.device
-
     def bias(self, q_pos, k_pos):
         return bias.alibi_bias(self.slopes, q_pos, k_pos)
 
 
 class T5(_BiasEncoding):
-    """T5 relative bias (Raffel et al. 2020): a learned scalar per head and log-spaced distance bucket."""
+    """T5 relative bias (Raffel et al. 2020): a learned scalar per head and log-spaced distance bucket.
+
+    ``bidirectional=False`` (a decoder) buckets only keys at or before the query, and is defined for
+    causal attention only; ``bidirectional=True`` (the encoder) has buckets for both sides.
+    """
 
     name = "t5"
 
@@ -237,14 +297,14 @@ class T5(_BiasEncoding):
         super().__init__()
         self.table = bias.T5Bias(num_heads, num_buckets=num_buckets, max_distance=max_distance,
                                  bidirectional=bidirectional)
-        self.distance_only = not bidirectional
+        self.noncausal = bidirectional
 
     def bias(self, q_pos, k_pos):
         return self.table(q_pos, k_pos)
 
 
 class Kerple(_BiasEncoding):
-    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)``, ``r1, r2`` learned."""
+    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)``, ``r1, r2`` learned (symmetric in ``i, j``)."""
 
     name = "kerple"
 
@@ -257,10 +317,15 @@ class Kerple(_BiasEncoding):
 
 
 class Fire(_BiasEncoding):
-    """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``i`` too."""
+    """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``i`` too.
+
+    Defined for causal attention only (its normaliser ``psi(max(L, i))`` bounds the distance to the
+    keys *before* query ``i``).
+    """
 
     name = "fire"
     distance_only = False
+    noncausal = False
     distance_bias = Encoding.distance_bias
 
     def __init__(self, num_heads: int, *, train_len: int = 512, **options):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .attention import attention
+from .backends import attention
 from .encodings import make_encoding
 from .errors import PosencError, check_positive
 

@@ -66,8 +66,8 @@ def load(out: Path | str) -> tuple[list[dict], list[dict], dict]:
     return rows, units, config
 
 
-def report(out: Path | str, *, figures: bool = True) -> str:
-    """The text report of a run (tables for every mode); with ``figures``, also writes PNGs under ``out/figures``."""
+def report(out: Path | str) -> str:
+    """The text report of a run: a table for every evaluation mode (figures: :func:`plots.save_report_figures`)."""
     rows, units, config = load(out)
     if not rows:
         raise PosencError(f"{out} has no finished unit yet")
@@ -79,11 +79,6 @@ def report(out: Path | str, *, figures: bool = True) -> str:
     for mode in modes:
         text += [markdown_table(rows, mode), ""]
     text.append("bits per byte = loss / ln 2; perplexity = exp(loss), per byte.")
-    if figures:
-        from . import plots
-
-        written = plots.save_report_figures(rows, units, Path(out) / "figures")
-        text += ["", "figures: " + ", ".join(str(p) for p in written)]
     return "\n".join(text)
 
 

@@ -119,42 +119,53 @@ def yarn_ramp(
     *,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
-    ramp: str = "rotations",
+    ramp: str = "index",
 ) -> torch.Tensor:
     """YaRN's per-pair extrapolation weight ``gamma_i`` in [0, 1] (Peng et al. 2023, "NTK-by-parts").
 
     ``r_i = train_len / wavelength_i`` is how many full turns pair ``i`` makes within the training
     length. Pairs with ``r_i > beta_fast`` are kept as trained (``gamma = 1``, extrapolate), pairs with
-    ``r_i < beta_slow`` are interpolated like PI (``gamma = 0``), and in between
+    ``r_i < beta_slow`` are interpolated like PI (``gamma = 0``). In between, two ramps exist:
 
-    * ``ramp="rotations"`` (the paper's equation): ``gamma = (r - beta_slow) / (beta_fast - beta_slow)``;
-    * ``ramp="index"`` (the authors' reference code): ``gamma`` falls linearly in the pair index ``i``
-      between ``floor(i(beta_fast))`` and ``ceil(i(beta_slow))``, where ``i(n) = d ln(L / (2 pi n)) / (2 ln base)``
-      is the (fractional) pair that makes exactly ``n`` turns in ``L`` positions.
+    * ``ramp="index"`` (the default: the YaRN authors' code, Hugging Face ``transformers`` and the
+      released YaRN / Qwen / DeepSeek checkpoints): ``gamma`` falls linearly in the pair *index*,
+      ``gamma_i = 1 - clamp((i - lo) / (hi - lo), 0, 1)``, between ``lo = max(floor(i(beta_fast)), 0)``
+      and ``hi = min(ceil(i(beta_slow)), d - 1)``, where ``i(r) = d ln(L / (2 pi r)) / (2 ln base)`` is
+      the fractional pair making exactly ``r`` turns in ``L`` positions (``hi`` is capped at ``d - 1``
+      as in that code, not at the last pair ``d/2 - 1``; a zero-width ramp gets ``hi = lo + 0.001``);
+    * ``ramp="rotations"`` (the paper's equation): ``gamma = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1)``,
+      linear in the number of turns.
+
+    Both agree outside the transition band; inside it, the index ramp is what a model trained or
+    fine-tuned with YaRN expects.
     """
     freqs = inv_freq(dim, base)
     if ramp == "rotations":
         turns = train_len / wavelengths(freqs)
         return ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
     if ramp == "index":
-
-        def pair_making(turns: float) -> float:
-            return dim * math.log(train_len / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-        low = max(math.floor(pair_making(beta_fast)), 0)
-        high = min(math.ceil(pair_making(beta_slow)), dim // 2 - 1)
+        low = max(math.floor(yarn_pair_making(beta_fast, dim, base, train_len)), 0)
+        high = min(math.ceil(yarn_pair_making(beta_slow, dim, base, train_len)), dim - 1)
         if high == low:
-            high = low + 0.001  # the reference code's guard against a zero-width ramp
+            high = low + 0.001
         index = torch.arange(dim // 2, dtype=torch.float64)
         return 1.0 - ((index - low) / (high - low)).clamp(0.0, 1.0)
-    raise unknown_name("YaRN ramp", ramp, ("rotations", "index"))
+    raise unknown_name("YaRN ramp", ramp, ("index", "rotations"))
+
+
+def yarn_pair_making(turns: float, dim: int, base: float, train_len: int) -> float:
+    """The fractional pair index ``i`` whose pair makes exactly ``turns`` full turns in ``train_len`` positions:
+    solving ``train_len * base ** (-2 i / d) = 2 pi turns`` gives ``i = d ln(L / (2 pi turns)) / (2 ln base)``."""
+    return dim * math.log(train_len / (turns * 2 * math.pi)) / (2 * math.log(base))
 
 
 @_register("yarn")
-def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, ramp="rotations", mscale=None):
+def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, ramp="index", mscale=None):
     """YaRN (Peng et al. 2023): ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``, attention factor ``0.1 ln s + 1``.
 
-    ``gamma_i`` is :func:`yarn_ramp`; ``mscale`` overrides the attention factor.
+    ``gamma_i`` is :func:`yarn_ramp` (default: the ramp of the released models); ``mscale`` overrides
+    the attention factor. The factor multiplies both the rotated query and the rotated key, so the
+    logits scale by its square, ``(0.1 ln s + 1)^2``: the paper's ``1 / t``.
     """
     gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
     freqs = inv_freq(dim, base)
@@ -270,7 +281,10 @@ def apply_rope(
 
 
 def xpos_zeta(dim: int, gamma: float = 0.4) -> torch.Tensor:
-    """xPos per-pair decay base ``zeta_i = (2 i / d + gamma) / (1 + gamma)`` in (0, 1] (Sun et al. 2022)."""
+    """xPos per-pair decay base ``zeta_i = (2 i / d + gamma) / (1 + gamma)`` (Sun et al. 2022).
+
+    For ``i = 0 .. d/2 - 1`` it lies in ``[gamma / (1 + gamma), (1 + gamma - 2/d) / (1 + gamma)]``, inside (0, 1):
+    every pair decays, the fast-turning ones (small ``i``) most."""
     check_even("xPos head dimension", dim)
     return (torch.arange(0, dim, 2, dtype=torch.float64) / dim + gamma) / (1 + gamma)
 
@@ -284,17 +298,22 @@ def apply_xpos(
     scale_base: float = 512.0,
     gamma: float = 0.4,
     layout: str = "half",
+    centre: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """xPos: RoPE with query pair ``i`` at ``m`` scaled by ``zeta_i ** (m / scale_base)`` and key pair at ``n`` by ``zeta_i ** (-n / scale_base)``.
 
     The score then carries ``zeta_i ** ((m - n) / scale_base)``, a decay with distance that still
-    depends on ``m - n`` only. Positions are centred on the middle of the sequence first: that changes
-    no score but keeps the two powers inside float32's range at long lengths.
+    depends on ``m - n`` only. Positions are centred first (by default on the middle of the sequence;
+    ``centre`` fixes it, as a key/value cache must): that changes no score but keeps the two powers
+    inside float32's range at long lengths.
     """
     check_positive("xPos scale_base", scale_base)
     angles = rope_angles(positions, inv_freq)
     p = positions.to(torch.float64)
-    centred = p - torch.div(p.max() + p.min(), 2, rounding_mode="floor") if p.numel() else p
+    if centre is not None:
+        centred = p - centre
+    else:
+        centred = p - torch.div(p.max() + p.min(), 2, rounding_mode="floor") if p.numel() else p
     scale = xpos_zeta(q.shape[-1], gamma) ** (centred[..., None] / scale_base)  # ... n f
     cos, sin = angles.cos(), angles.sin()
     return rotate(q, cos * scale, sin * scale, layout), rotate(k, cos / scale, sin / scale, layout)

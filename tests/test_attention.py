@@ -1,5 +1,7 @@
 """One attention function, several backends (chapters 1 and 9)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -24,15 +26,70 @@ def encoding(name, **options):
     return enc
 
 
+POSITIONS = {"arange": lambda n: torch.arange(n), "offset": lambda n: torch.arange(n) + 1000,
+             "strided": lambda n: torch.arange(0, 2 * n, 2)}
+
+
+def encoding_for(name: str, causal: bool):
+    if name == "learned":  # a table long enough for the offset positions
+        return make_encoding("learned", d_model=H * D, num_heads=H, train_len=2048)
+    return encoding(name, **({"bidirectional": True} if name == "t5" and not causal else {}))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("pos", sorted(POSITIONS))
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", NAMES)
-def test_every_backend_matches_reference(name, backend):
-    enc = encoding(name)
+def test_every_backend_matches_reference_at_any_positions_both_directions(name, backend, pos, causal):
+    """Regression (issue 9): flex ignored ``positions``; sdpa and flex clamped future keys to distance 0."""
+    enc = encoding_for(name, causal)
+    q, k, v = qkv(n=64)
+    p = POSITIONS[pos](64)
+    if not causal and name == "fire":
+        with pytest.raises(PosencError, match="no non-causal form"):
+            attention(q, k, v, enc, backend=backend, positions=p, causal=False)
+        return
+    with torch.no_grad():
+        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal)
+        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_noncausal_bias_is_symmetric_in_distance_for_alibi_and_kerple():
+    for name in ("alibi", "kerple"):
+        enc = encoding(name)
+        b = enc.bias(torch.arange(40), torch.arange(40))
+        torch.testing.assert_close(b, b.transpose(-1, -2))
+
+
+def test_one_directional_t5_refuses_noncausal_attention():
     q, k, v = qkv()
+    with pytest.raises(PosencError, match="bidirectional=True"):
+        attention(q, k, v, encoding("t5"), causal=False)
+
+
+def test_positions_must_be_integers():
+    q, k, v = qkv()
+    with pytest.raises(PosencError, match="integers"):
+        attention(q, k, v, positions=torch.arange(N, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple", "fire"])
+def test_blocked_long_attention_matches_reference(name):
+    """Past ``BLOCK`` queries the sdpa backend works block by block; and with a mask over budget it builds each block."""
+    from posenc_lab import backends
+
+    enc = encoding(name)
+    q, k, v = qkv(n=backends.BLOCK * 2 + 37)
     with torch.no_grad():
         ref = attention(q, k, v, enc, backend="reference")
-        got = attention(q, k, v, enc, backend=backend)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
+        budget, backends.MASK_BUDGET = backends.MASK_BUDGET, 0
+        try:
+            enc.clear_cache()
+            torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
+        finally:
+            backends.MASK_BUDGET = budget
 
 
 @pytest.mark.parametrize("scaling", ["pi", "ntk", "dynamic-ntk", "yarn"])
@@ -105,18 +162,52 @@ def test_bad_inputs_name_the_problem():
         attention(q, k, v, positions=torch.arange(3))
 
 
-def test_bias_is_built_once_per_forward_and_rebuilt_after_an_update():
-    enc = encoding("t5")
-    q, k, v = qkv()
-    positions = torch.arange(N)
-    from posenc_lab.attention import bias_tensor
+def test_bias_mask_is_memoised_only_while_valid():
+    """Issue 10: one mask per forward under gradients; kept across windows without them; rebuilt after a step."""
+    from posenc_lab.backends import bias_mask
 
-    first = bias_tensor(enc, positions)
-    assert bias_tensor(enc, positions) is first  # the next layer of the same forward
-    assert bias_tensor(enc, torch.arange(N)) is not first  # the next forward
+    enc = encoding("t5")
+
+    def mask(positions):
+        return bias_mask(enc, positions, positions, causal=True, dtype=torch.float32)
+
+    positions = torch.arange(N)
+    first = mask(positions)
+    assert first.requires_grad and mask(positions) is first  # the next layer of the same forward
+    assert mask(torch.arange(N)) is not first  # the next forward builds a fresh graph
     with torch.no_grad():
-        enc.table.table.add_(1.0)  # an optimizer step
-    torch.testing.assert_close(bias_tensor(enc, positions), first + 1.0)
+        frozen = mask(torch.arange(N))
+        assert not frozen.requires_grad and mask(torch.arange(N)) is frozen  # the next evaluation window
+        assert mask(torch.arange(N) + 5) is not frozen  # other positions
+    under_grad = mask(torch.arange(N))
+    assert under_grad is not frozen and under_grad.requires_grad  # never a stale, graph-less mask under gradients
+    opt = torch.optim.SGD(enc.parameters(), lr=1.0)
+    under_grad.exp().nan_to_num(posinf=0).sum().backward()
+    opt.step()  # an optimizer step changes the table in place: the memoised mask is stale
+    with torch.no_grad():
+        after = mask(torch.arange(N))
+    assert after is not frozen
+    torch.testing.assert_close(after, bias_mask(copy.deepcopy(enc), positions, positions, causal=True, dtype=torch.float32))
+    assert not torch.equal(after, frozen)
+
+
+def test_fixed_bias_is_shared_across_training_steps():
+    from posenc_lab.backends import bias_mask
+
+    enc = encoding("alibi")
+    first = bias_mask(enc, torch.arange(N), torch.arange(N), causal=True, dtype=torch.float32)
+    assert bias_mask(enc, torch.arange(N), torch.arange(N), causal=True, dtype=torch.float32) is first
+
+
+def test_causal_mask_is_folded_into_the_bias():
+    from posenc_lab.backends import bias_tensor
+
+    for name in ("alibi", "t5", "kerple", "fire"):
+        enc = encoding(name)
+        b = bias_tensor(enc, torch.arange(10), causal=True)
+        want = enc.bias(torch.arange(10), torch.arange(10)).masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(),
+                                                                       float("-inf"))
+        torch.testing.assert_close(b, want)
 
 
 def test_learned_bias_gradient_is_the_same_through_every_backend():
@@ -141,7 +232,7 @@ def test_encodings_survive_deepcopy_after_a_forward():
 
 
 def test_auto_backend_choice():
-    from posenc_lab.attention import choose_backend
+    from posenc_lab.backends import choose_backend
 
     cpu = torch.device("cpu")
     assert {choose_backend(encoding(n), cpu) for n in NAMES} == {"sdpa"}
@@ -177,7 +268,7 @@ def test_flex_on_cuda_at_long_length_matches_sdpa_and_trains(name):
 def test_flex_kernel_options_fall_through_then_back_to_sdpa_once():
     import importlib
 
-    att = importlib.import_module("posenc_lab.attention")  # the module, not the function of the same name
+    att = importlib.import_module("posenc_lab.backends")
     tried = []
 
     def smaller_tiles_only(options):

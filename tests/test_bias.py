@@ -127,3 +127,21 @@ def test_fire_bias_is_the_mlp_of_the_normalised_distance():
     want = enc.fire.mlp(torch.tensor([[x]]))[0]
     got = enc.bias(torch.arange(101), torch.arange(101))[:, i, j]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fire_stays_finite_when_its_c_underflows():
+    """Regression (issue 9): with c = 0 the normalised distance was 0 / 0."""
+    fire = bias.FIRE(4, init_threshold=64.0)
+    with torch.no_grad():
+        fire.raw_c.fill_(-1000.0)  # softplus underflows to exactly 0 in float32
+    assert fire.params()[0].item() == 0.0
+    b = fire(torch.arange(32), torch.arange(32))
+    assert torch.isfinite(b).all()
+    torch.testing.assert_close(b, b[:, :1, :1].expand_as(b))  # every distance reads as 0
+
+
+def test_fire_epsilon_is_negligible_at_ordinary_parameters():
+    c, L = torch.tensor(1.0, dtype=torch.float64), torch.tensor(128.0, dtype=torch.float64)
+    x = bias.fire_input(torch.arange(300), torch.arange(300), c, L)
+    exact = bias.fire_input(torch.arange(300), torch.arange(300), c, L, eps=0.0)
+    assert (x - exact).abs().max() < 1e-6

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from posenc_lab import PosencError, TrainingDiverged, experiment, report
+from posenc_lab.__main__ import main
 from posenc_lab.data import load_corpus
 from posenc_lab.evaluate import evaluate, window_plan
 from posenc_lab.model import GPT, GPTConfig
@@ -138,6 +139,7 @@ def test_report_tables_and_figures(ci_run):
     out, spec, rows = ci_run
     text = report.report(out)
     assert "| learned | " in text and "cannot extrapolate" in text and "| rope/yarn |" in text
+    assert main(["report", str(out)]) == 0
     for name in ("ppl_vs_length.png", "per_position.png"):
         assert (out / "figures" / name).stat().st_size > 10_000
 

@@ -166,7 +166,7 @@ def test_yarn_attention_factor(s):
 
 def test_yarn_ramp_by_rotations_follows_the_papers_piecewise_formula():
     d, L, base = 64, 512, 10000.0
-    gamma = rope.yarn_ramp(d, base, L)
+    gamma = rope.yarn_ramp(d, base, L, ramp="rotations")
     for i in range(d // 2):
         r = L / (2 * math.pi * base ** (2 * i / d))
         want = 0.0 if r < 1 else 1.0 if r > 32 else (r - 1) / 31
@@ -175,7 +175,7 @@ def test_yarn_ramp_by_rotations_follows_the_papers_piecewise_formula():
 
 def test_yarn_ramps_agree_outside_the_transition_band():
     d, L = 128, 4096
-    by_turns = rope.yarn_ramp(d, 10000.0, L)
+    by_turns = rope.yarn_ramp(d, 10000.0, L, ramp="rotations")
     by_index = rope.yarn_ramp(d, 10000.0, L, ramp="index")
     outside = (by_turns == 0) | (by_turns == 1)
     assert outside.sum() > d // 4
@@ -230,3 +230,71 @@ def test_bad_layout_and_odd_head_dimension():
         make_encoding("rope", d_model=30, num_heads=2, train_len=8)
     with pytest.raises(PosencError, match="even"):
         rope.apply_rope(rand(2, 7), torch.arange(2), rope.inv_freq(8))
+
+
+def released_yarn_inv_freq(dim, base, L, s, beta_fast=32.0, beta_slow=1.0):
+    """YaRN's frequencies as the released models compute them (the authors' code and Hugging Face's),
+    written out here scalar by scalar, independently of the package: the pairs between the one making
+    ``beta_fast`` turns (rounded down) and the one making ``beta_slow`` turns (rounded up, capped at
+    ``dim - 1``) ramp linearly in the index from extrapolated to interpolated."""
+    def pair(turns):
+        return dim * math.log(L / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair(beta_fast)), 0)
+    high = min(math.ceil(pair(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    out = []
+    for i in range(dim // 2):
+        theta = base ** (-2 * i / dim)
+        keep = 1 - min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append(theta / s * (1 - keep) + theta * keep)
+    return out
+
+
+@pytest.mark.parametrize("dim,L,s", [(128, 4096, 8.0), (64, 2048, 4.0), (32, 512, 16.0), (32, 128, 4.0), (16, 64, 2.0)])
+def test_yarn_default_is_what_released_models_compute(dim, L, s):
+    """Regression (issue 9): the default ramp was the paper's (linear in turns), not the released models' (linear in index)."""
+    freqs, factor = rope.scaled_inv_freq("yarn", dim, train_len=L, factor=s)
+    want = torch.tensor(released_yarn_inv_freq(dim, 10000.0, L, s), dtype=torch.float64)
+    torch.testing.assert_close(freqs.double(), want, rtol=1e-12, atol=0)
+    assert factor == pytest.approx(0.1 * math.log(s) + 1)
+
+
+def test_yarn_ramp_pair_making_r_turns_makes_r_turns():
+    d, L, base = 64, 512, 10000.0
+    for turns in (1.0, 32.0, 3.5):
+        i = rope.yarn_pair_making(turns, d, base, L)
+        assert L * base ** (-2 * i / d) / (2 * math.pi) == pytest.approx(turns, rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", rope.LAYOUTS)
+def test_rope_object_rotates_float64_to_float64_precision(layout):
+    """Regression (issue 9): the RoPE object's tables were float32 whatever the input."""
+    d, n = 32, 300
+    enc = make_encoding("rope", d_model=d * 2, num_heads=2, train_len=64, layout=layout)
+    q = torch.randn(1, 2, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    rq, _ = enc.rotate(q, q, torch.arange(n))
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    if layout == "half":
+        a, b = q[..., : d // 2], q[..., d // 2 :]
+    else:
+        a, b = q[..., 0::2], q[..., 1::2]
+    ra, rb = a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()
+    want = torch.cat([ra, rb], -1) if layout == "half" else torch.stack([ra, rb], -1).flatten(-2)
+    assert rq.dtype == torch.float64
+    torch.testing.assert_close(rq, want, rtol=0, atol=1e-12)
+
+
+def test_rope_attention_in_float64_matches_hand_rotation():
+    d, n = 16, 50
+    enc = make_encoding("rope", d_model=d, num_heads=1, train_len=64)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 1, n, d, dtype=torch.float64, generator=g) for _ in range(3))
+    freqs = rope.inv_freq(d)
+    rq, rk = (rope.apply_rope(t, torch.arange(n), freqs) for t in (q, k))
+    scores = (rq @ rk.transpose(-1, -2)) / d**0.5
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    from posenc_lab import attention
+
+    torch.testing.assert_close(attention(q, k, v, enc, backend="reference"), scores.softmax(-1) @ v, rtol=0, atol=1e-12)

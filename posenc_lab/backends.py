@@ -1,0 +1,372 @@
+"""One attention function, several interchangeable backends.
+
+``attention(q, k, v, encoding)`` computes
+
+    softmax(q_m . k_n / sqrt(d) + b[h, m, n]) v      over the keys n <= m (causal),
+
+after the encoding's ``rotate`` hook has transformed ``q`` and ``k``; ``m`` and ``n`` are the
+*positions* the caller passes (default ``0 .. n-1``), so a window that starts at position 1000, or
+every second position, is scored as such by every backend. Backends:
+
+* ``reference``: the formula above written out with einsum and softmax, in float64. The
+  yardstick every other backend is tested against; O(n^2) memory.
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``. No bias: its fused causal
+  kernel. A bias: materialized once as a 4-d float mask ``(1, h, n, n)`` with the causal mask
+  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), memoised
+  while it stays valid (:meth:`Encoding.memo`), and applied block by block of ``BLOCK`` queries so
+  that causal attention never computes the keys a block cannot see. Trains on every device.
+* ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: no ``n x n``
+  tensor anywhere. CUDA, or forward only on CPU.
+* ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
+
+Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
+of the keys, as with a key/value cache). Non-causal attention is defined for every encoding except
+FIRE and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+
+from .encodings import Encoding, NoPE
+from .errors import PosencError, unknown_name
+
+BACKENDS = ("auto", "reference", "sdpa", "flex")
+#: queries per block of the ``sdpa`` backend's causal attention with a bias
+BLOCK = 512
+#: the largest materialized mask (bytes) that is memoised whole; past it, each block is built when used
+MASK_BUDGET = 2 * 2**30
+_NOPE = NoPE()
+
+
+def _check_inputs(q, k, v, positions) -> torch.Tensor:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise PosencError(f"q, k, v must be 4-d (batch, heads, positions, head_dim); got {q.dim()}-d, {k.dim()}-d, {v.dim()}-d")
+    if q.shape != k.shape or k.shape[:-1] != v.shape[:-1]:
+        raise PosencError(
+            f"q, k, v shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            "(q and k must be equal; v may differ only in its last axis)"
+        )
+    n = q.shape[-2]
+    if positions is None:
+        return torch.arange(n, device=q.device)
+    if not isinstance(positions, torch.Tensor) or positions.shape != (n,):
+        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise PosencError(f"positions must have shape ({n},), got {shape}")
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise PosencError(f"positions must be integers, got {positions.dtype}")
+    return positions.to(q.device)
+
+
+def flex_available(device: torch.device) -> bool:
+    """FlexAttention is importable and can run on ``device``: CUDA of compute capability 8.0+ (Ampere
+    and later; older GPUs such as the T4 fall back to SDPA), or the CPU (forward only, unfused)."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cpu"
+
+
+def _learned_bias(encoding: Encoding) -> bool:
+    return encoding.has_bias and any(p.requires_grad for p in encoding.parameters())
+
+
+def choose_backend(encoding: Encoding, device: torch.device) -> str:
+    """The default backend for ``encoding`` on ``device``.
+
+    * no bias (NoPE, absolute, RoPE, xPos): ``sdpa``, whose causal path is FlashAttention on CUDA;
+    * a bias on CUDA with FlexAttention: ``flex`` (no ``n x n`` tensor) -- except while training a
+      *learned* bias (T5, KERPLE, FIRE): gradients into tensors captured by a ``score_mod`` are slow,
+      so training materializes the bias once per forward at the (short) training length and uses
+      ``sdpa``, whose backward returns the bias gradient directly;
+    * everything on the CPU: ``sdpa`` (FlexAttention has no backward there and is unfused).
+    """
+    if not encoding.has_bias or device.type != "cuda" or not flex_available(device):
+        return "sdpa"
+    if torch.is_grad_enabled() and _learned_bias(encoding):
+        return "sdpa"
+    return "flex"
+
+
+# --------------------------------------------------------------------------------------------- the bias as a mask
+
+
+def future_mask(nq: int, nk: int, device, offset: int | None = None) -> torch.Tensor:
+    """``True`` where key ``j`` lies after query row ``r``: ``j > r + offset`` (default offset ``nk - nq``)."""
+    offset = nk - nq if offset is None else offset
+    rows = torch.arange(nq, device=device) + offset
+    return rearrange(torch.arange(nk, device=device), "j -> 1 j") > rearrange(rows, "i -> i 1")
+
+
+def _distance_range(q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[int, int]:
+    """The smallest and largest signed distance ``i - j`` between a query and a key position."""
+    if torch.compiler.is_compiling():  # reading values would break the graph: the model's positions are 0 .. n-1
+        return -(k_pos.shape[-1] - 1), q_pos.shape[-1] - 1
+    return int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
+
+
+def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, offset: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The ``(1, h, n_q, n_k)`` float mask: the bias, and ``-inf`` on the keys after each query when ``causal``.
+
+    A distance-only bias is read from its per-distance table (``h x`` the distances that occur), and
+    the causal ``-inf`` is a column of that table, so one gather builds the whole mask; FIRE, whose
+    bias also depends on the query position, is evaluated at every pair.
+    """
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    future = future_mask(nq, nk, q_pos.device, offset) if causal else None
+    if encoding.distance_only:
+        lo, hi = _distance_range(q_pos, k_pos)
+        table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device)).to(dtype)  # h d
+        index = rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j") - lo  # nq nk
+        if future is not None:
+            table = torch.cat([table, table.new_full((table.shape[0], 1), float("-inf"))], dim=1)
+            index = index.masked_fill(future, table.shape[1] - 1)
+        mask = table[:, index]
+    else:
+        mask = encoding.bias(q_pos, k_pos).to(dtype)
+        if future is not None:
+            mask = mask.masked_fill(future, float("-inf"))
+    return rearrange(mask, "h i j -> 1 h i j")
+
+
+def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
+              dtype: torch.dtype) -> torch.Tensor | None:
+    """The whole ``(1, h, n_q, n_k)`` mask of :func:`bias_block`, memoised (:meth:`Encoding.memo`): built
+    once per forward pass and shared by its layers, and, when no gradient flows into it (evaluation,
+    generation, ALiBi), kept across forward passes while the positions stay the same. None when
+    there is no bias."""
+    if not encoding.has_bias:
+        return None
+    offset = k_pos.shape[-1] - q_pos.shape[-1]
+    return encoding.memo("mask", (q_pos, k_pos), (causal, dtype),
+                         lambda: bias_block(encoding, q_pos, k_pos, causal=causal, offset=offset, dtype=dtype))
+
+
+def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = False) -> torch.Tensor | None:
+    """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions``, as the ``sdpa`` backend uses it."""
+    mask = bias_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
+    return None if mask is None else mask[0]
+
+
+# --------------------------------------------------------------------------------------------- backends
+
+
+def _reference(q, k, v, encoding, q_pos, k_pos, causal):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = einsum(q.double(), k.double(), "b h i d, b h j d -> b h i j") * scale
+    b = encoding.bias(q_pos, k_pos)
+    if b is not None:
+        scores = scores + b.double()
+    if causal:
+        scores = scores.masked_fill(future_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return einsum(weights, v.double(), "b h i j, b h j d -> b h i d").to(v.dtype)
+
+
+def _mask_bytes(encoding, q, k) -> int:
+    heads = q.shape[1]
+    return heads * q.shape[-2] * k.shape[-2] * q.element_size()
+
+
+def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
+    nq, nk = q.shape[-2], k.shape[-2]
+    offset = nk - nq
+    if not encoding.has_bias:
+        if not causal or (nq == 1 and offset >= 0):
+            return F.scaled_dot_product_attention(q, k, v)
+        if offset == 0:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
+    whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
+    mask = bias_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
+    if nq <= BLOCK and mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    outputs = []
+    for start in range(0, nq, BLOCK):
+        stop = min(start + BLOCK, nq)
+        keys = offset + stop if causal else nk  # a causal block never needs the keys after its last query
+        if mask is not None:
+            block = mask[:, :, start:stop, :keys]
+        else:
+            block = bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
+                               dtype=q.dtype)
+        outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
+                                                      attn_mask=block))
+    return torch.cat(outputs, dim=2)
+
+
+def _is_arange(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+    """Keys at ``0 .. n_k-1`` and queries the last ``n_q`` of them: then an index *is* a position."""
+    if torch.compiler.is_compiling():
+        return False
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    expected = torch.arange(nk, device=k_pos.device)
+    return torch.equal(k_pos, expected) and torch.equal(q_pos, expected[nk - nq:])
+
+
+def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable | None:
+    """The encoding's bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``.
+
+    When the positions are ``0 .. n-1`` the indices are the positions; otherwise the positions are
+    looked up (``q_pos[q_idx]``, ``k_pos[kv_idx]``). Distance-only biases become a lookup in a small
+    per-distance table. Every gathered index is clamped: a ``score_mod`` is evaluated on masked-out
+    positions too, where a distance can fall outside the table.
+    """
+    if not encoding.has_bias:
+        return None
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    offset = nk - nq
+    if _is_arange(q_pos, k_pos):
+        def positions(q_idx, kv_idx):
+            return q_idx + offset, kv_idx
+    else:
+        def positions(q_idx, kv_idx):
+            return q_pos[q_idx], k_pos[kv_idx]
+
+    if encoding.name == "alibi":
+        slopes = encoding.slopes.to(q_pos.device)
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score - slopes[h] * (i - j).abs()
+
+        return alibi
+    if encoding.distance_only:
+        lo, hi = _distance_range(q_pos, k_pos)
+        table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device))  # h d
+        size = hi - lo + 1
+
+        def by_distance(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score + table[h, (i - j - lo).clamp(0, size - 1)]
+
+        return by_distance
+    if encoding.name == "fire":
+        from .bias import FIRE_EPS
+
+        c, threshold = encoding.fire.params()
+        first, last = encoding.fire.mlp[0], encoding.fire.mlp[2]
+        w1, b1 = first.weight[:, 0], first.bias  # hidden
+        w2, b2 = last.weight, last.bias  # heads x hidden, heads
+
+        def fire(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            d = (i - j).clamp(min=0).to(c.dtype)
+            x = torch.log1p(c * d) / (torch.log1p(c * torch.maximum(threshold, i.to(c.dtype))) + FIRE_EPS)
+            hidden = torch.relu(w1 * x + b1)
+            return score + (w2[h] * hidden).sum() + b2[h]
+
+        return fire
+    raise PosencError(f"no FlexAttention score_mod for encoding {encoding.name!r}")
+
+
+@functools.lru_cache(maxsize=32)
+def _causal_block_mask(nq: int, nk: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = nk - nq
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx + offset >= kv_idx, None, None, nq, nk, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def _flex_fn(device_type: str):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # compiled on CUDA (the fused kernel); eager on the CPU, where it only runs forward anyway
+    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+
+
+# kernel options tried in turn on CUDA: the defaults, then smaller tiles (a table gather inside a
+# score_mod has run out of shared memory with the default tiles on Hopper)
+FLEX_KERNEL_OPTIONS = (None, {"BLOCK_M": 64, "BLOCK_N": 64})
+_flex_options_that_work: dict[str, dict | None] = {}
+_flex_failed: set[str] = set()
+
+
+def _flex(q, k, v, encoding, q_pos, k_pos, causal):
+    nq, nk = q.shape[-2], k.shape[-2]
+    block_mask = _causal_block_mask(nq, nk, str(q.device)) if causal else None
+    mod = score_mod(encoding, q_pos, k_pos)
+    fn = _flex_fn(q.device.type)
+    key = f"{encoding.name}@{q.device}"
+    if torch.compiler.is_compiling():  # inside a compiled model: the outer compile builds the kernel
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, score_mod=mod, block_mask=block_mask,
+                              kernel_options=_flex_options_that_work.get(key))
+    if q.device.type != "cuda":
+        with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return fn(q, k, v, score_mod=mod, block_mask=block_mask)
+    return first_kernel_that_compiles(
+        key,
+        lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
+        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal),
+    )
+
+
+def first_kernel_that_compiles(key: str, call: Callable, fallback: Callable):
+    """``call(kernel_options)`` with the first of ``FLEX_KERNEL_OPTIONS`` that works, remembered per ``key``;
+    if none does, warn once and use ``fallback()`` from then on (no repeated compile attempts)."""
+    if key in _flex_failed:
+        return fallback()
+    candidates = [_flex_options_that_work[key]] if key in _flex_options_that_work else FLEX_KERNEL_OPTIONS
+    errors = []
+    for options in candidates:
+        try:
+            out = call(options)
+            _flex_options_that_work[key] = options
+            return out
+        except Exception as err:  # a kernel that does not compile on this GPU: try the next tiles
+            errors.append(f"{options}: {type(err).__name__}: {str(err)[:200]}")
+    _flex_failed.add(key)
+    warnings.warn(f"FlexAttention failed for {key} ({'; '.join(errors)}); falling back to SDPA with a "
+                  "materialized bias", RuntimeWarning, stacklevel=3)
+    return fallback()
+
+
+_BACKEND_FNS = {"reference": _reference, "sdpa": _sdpa, "flex": _flex}
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    encoding: Encoding | None = None,
+    *,
+    backend: str = "auto",
+    causal: bool = True,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
+
+    ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens;
+    pass the same tensor to every layer so that the encoding's tables are computed once per forward.
+    ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
+    bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
+    one-directional T5 bias have no non-causal form and refuse it.
+    """
+    if backend not in BACKENDS:
+        raise unknown_name("attention backend", backend, BACKENDS)
+    encoding = _NOPE if encoding is None else encoding
+    positions = _check_inputs(q, k, v, positions)
+    if not causal and not encoding.noncausal:
+        hint = " (build it with bidirectional=True)" if encoding.name == "t5" else ""
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form{hint}: use causal=True")
+    if backend == "auto":
+        backend = choose_backend(encoding, q.device)
+    if backend == "flex" and not flex_available(q.device):
+        raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
+    q, k = encoding.rotate(q, k, positions)
+    return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal)
