@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-article results-retrieval benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -41,14 +41,27 @@ notebooks: env
 	$(PY) book/strip_timings.py notebooks/*.ipynb
 	$(VENV)/bin/jupytext -q --sync notebooks/*.ipynb
 
-# the committed CPU experiment and benchmarks (about 30 and 10 minutes on two cores)
+# the committed CPU experiments (two cores, nothing else running): the quick picture and its fine-tune
+# (about 35 minutes), the article's lengths with three seeds (about 2 hours), retrieval (under an hour)
 results-cpu: env
 	$(PY) -m posenc_lab run --preset cpu --out runs/cpu
-	rm -rf results/cpu && mkdir -p results/cpu && cp -r runs/cpu/config.json runs/cpu/results.* runs/cpu/units runs/cpu/figures results/cpu/
+	$(PY) -m posenc_lab run --preset cpu --encodings rope --finetune pi,ntk,yarn --finetune-steps 200 --finetune-len 512 --out runs/cpu-finetune
+	for run in cpu cpu-finetune; do rm -rf results/$$run && mkdir -p results/$$run && \
+	  cp -r runs/$$run/config.json runs/$$run/results.* runs/$$run/units runs/$$run/figures results/$$run/; done
 
+results-article: env
+	$(PY) -m posenc_lab run --preset article-cpu --out runs/article-cpu
+	rm -rf results/article-cpu && mkdir -p results/article-cpu && \
+	  cp -r runs/article-cpu/config.json runs/article-cpu/results.* runs/article-cpu/units runs/article-cpu/figures results/article-cpu/
+
+# the committed CPU benchmarks (about 10 minutes on two cores, nothing else running); the peer
+# comparison installs x-transformers, a benchmark-only dependency
 benchmarks-cpu: env
 	$(PY) benchmarks/attention.py --lengths 512,1024,2048 --train-len 512 --heads 8 --head-dim 64 --reps 5 --json results/benchmarks/cpu-attention.json
-	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 256 --n-head 4 --seq-len 512 --batch 8 --reps 5 --json results/benchmarks/cpu-train.json
+	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 128 --n-head 4 --seq-len 512 --batch 4 --reps 5 --rounds 3 --json results/benchmarks/cpu-train.json
+	$(PY) benchmarks/long_eval.py --lengths 1024,2048,4096,8192 --reps 3 --rounds 2 --json results/benchmarks/cpu-long-eval.json
+	$(PY) -m pip install -q -e ".[peer]"
+	$(PY) benchmarks/peer.py --json results/benchmarks/cpu-peer.json
 
 clean:
 	rm -rf _build .pytest_cache

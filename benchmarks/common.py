@@ -30,6 +30,24 @@ def median_time(fn, device: torch.device, *, warmup: int = 2, reps: int = 10) ->
     return statistics.median(times)
 
 
+def peak_rss(fn) -> float | None:
+    """The process's peak resident set size while ``fn()`` runs, in GiB (Linux; None elsewhere).
+
+    The kernel's high-water mark is reset first (``/proc/self/clear_refs``), so the figure is the peak
+    of this call, everything the process holds included (the model, Python, torch's libraries).
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        fn()
+        return None
+    fn()
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return None
+
+
 def peak_memory(fn, device: torch.device) -> float | None:
     """Peak GPU memory allocated during ``fn()`` beyond what was allocated before, in GiB (None on the CPU)."""
     if device.type != "cuda":

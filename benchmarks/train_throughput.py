@@ -21,7 +21,7 @@ from benchmarks.common import environment, median_time, peak_memory, print_table
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import TrainConfig, autocast, make_optimizer  # noqa: E402
+from posenc_lab.train import TrainConfig, autocast, flush_denormals, make_optimizer  # noqa: E402
 
 
 def build(name: str, args, device: torch.device):
@@ -34,12 +34,12 @@ def build(name: str, args, device: torch.device):
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g).to(device)
 
-    def step():
-        with autocast(device):
+    def step():  # as train() runs it: same precision, same denormal flushing
+        with flush_denormals(), autocast(device):
             loss = forward(x[:, :-1], x[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
     return model, step
 

@@ -40,6 +40,13 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
 def parser() -> argparse.ArgumentParser:
     from .experiment import PRESETS
 
@@ -51,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--preset", default="cpu", help=f"starting configuration: {', '.join(PRESETS)} (default cpu; "
                    "see `posenc-lab presets`)")
-    r.add_argument("--out", required=True, help="folder for the results, checkpoints and figures")
+    r.add_argument("--out", help="folder for the results, checkpoints and figures (default: runs/<preset>)")
     r.add_argument("--corpus", default="stdlib", help="stdlib (embedded, offline; default), wikitext-103 or wikitext-2 "
                    "(need the 'datasets' package and a network), or a path to a text file or folder")
     r.add_argument("--encodings", type=lambda s: _names(s, list(ENCODINGS), "encoding"),
@@ -78,12 +85,37 @@ def parser() -> argparse.ArgumentParser:
                    help="RoPE strategies to fine-tune briefly at --finetune-len before evaluating (pi, ntk, yarn)")
     r.add_argument("--finetune-steps", type=int, help="fine-tuning steps (the PI paper used about 1000)")
     r.add_argument("--finetune-len", type=int, help="fine-tuning length (tokens)")
+    r.add_argument("--finetune-seeds", type=_ints, help="the RoPE seeds that are fine-tuned (default: all)")
     r.add_argument("--backend", choices=["auto", "sdpa", "flex", "reference"], help="attention backend")
     r.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the training step (default: on CUDA, off on the CPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
+
+    from .retrieval import RETRIEVAL_PRESETS
+
+    ret = sub.add_parser("retrieval", help="passkey retrieval at 1x to 8x the training length (continues an "
+                         "interrupted run)", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  python -m posenc_lab retrieval --preset retrieval-cpu\n"
+                                "  python -m posenc_lab retrieval --preset retrieval-cpu --encodings rope,alibi --trials 100")
+    ret.add_argument("--preset", default="retrieval-cpu", help=f"starting configuration: {', '.join(RETRIEVAL_PRESETS)}")
+    ret.add_argument("--out", help="folder for the results (default: runs/<preset>)")
+    ret.add_argument("--encodings", type=lambda s: _names(s, list(ENCODINGS), "encoding"))
+    ret.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"))
+    ret.add_argument("--seeds", type=_ints)
+    ret.add_argument("--steps", type=int, help="training steps")
+    ret.add_argument("--batch-size", type=int)
+    ret.add_argument("--lr", type=float)
+    ret.add_argument("--train-len", type=int, help="training length (bytes)")
+    ret.add_argument("--n-layer", type=int)
+    ret.add_argument("--n-head", type=int)
+    ret.add_argument("--d-model", type=int)
+    ret.add_argument("--multiples", type=_ints, help="evaluation lengths as multiples of the training length (e.g. 1,2,4,8)")
+    ret.add_argument("--depths", type=_floats, help="needle depths in [0, 1] (e.g. 0,0.25,0.5,0.75,1)")
+    ret.add_argument("--trials", type=int, help="windows per (length, depth) cell")
+    ret.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    ret.add_argument("--no-progress", action="store_true")
 
     rep = sub.add_parser("report", help="tables and figures of a run folder")
     rep.add_argument("folder")
@@ -117,6 +149,22 @@ def main(argv=None) -> int:
                 print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
                       f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
                       f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
+            from .retrieval import RETRIEVAL_PRESETS
+
+            for name, spec in RETRIEVAL_PRESETS.items():
+                print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+                      f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
+                      f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
+                      f"per cell. {spec.notes}")
+            return 0
+        if args.command == "retrieval":
+            from . import retrieval
+
+            names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
+            spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+            out = args.out or f"runs/{args.preset}"
+            retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
+            print(retrieval.report(out))
             return 0
         if args.command == "report":
             print(_report(args.folder, figures=not args.no_figures))
@@ -124,9 +172,10 @@ def main(argv=None) -> int:
         overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                      if f.name not in ("preset", "notes")}
         spec = experiment.preset(args.preset, **overrides)
-        experiment.run(spec, args.out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+        out = args.out or f"runs/{args.preset}"
+        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
         if not args.no_report:
-            print(_report(args.out))
+            print(_report(out))
         return 0
     except (PosencError, TrainingDiverged) as err:
         print(f"posenc-lab: error: {err}", file=sys.stderr)

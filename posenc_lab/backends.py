@@ -115,28 +115,52 @@ def _distance_range(q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[int, int]
     return int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
 
 
+def _is_range(positions: torch.Tensor) -> bool:
+    """``positions`` are consecutive integers ``p0, p0 + 1, ...`` (not decidable under ``torch.compile``)."""
+    if torch.compiler.is_compiling() or positions.numel() == 0:
+        return False
+    n = positions.shape[-1]
+    return int(positions[-1] - positions[0]) == n - 1 and bool((positions.diff() == 1).all())
+
+
+def toeplitz(table: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
+    """``M[h, r, c] = table[h, r - c + nk - 1]`` (``h x nq x nk``) from a per-distance table of ``nq + nk - 1``
+    entries, written in one pass: the reversed table viewed with strides ``(1, 1)`` is the Hankel matrix
+    ``R[r' + c]``, and reversing its rows gives the Toeplitz one (no ``nq x nk`` index tensor)."""
+    reversed_ = table.flip(-1).contiguous()
+    hankel = reversed_.as_strided((table.shape[0], nq, nk), (reversed_.stride(0), 1, 1))
+    return hankel.flip(1)
+
+
 def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, offset: int,
                dtype: torch.dtype) -> torch.Tensor:
     """The ``(1, h, n_q, n_k)`` float mask: the bias, and ``-inf`` on the keys after each query when ``causal``.
 
-    A distance-only bias is read from its per-distance table (``h x`` the distances that occur), and
-    the causal ``-inf`` is a column of that table, so one gather builds the whole mask; FIRE, whose
-    bias also depends on the query position, is evaluated at every pair.
+    A distance-only bias is read from its per-distance table (``h x`` the distances that occur); for
+    consecutive positions (every forward pass of the model) the mask is that table laid out as a
+    Toeplitz matrix (:func:`toeplitz`), with the causal ``-inf`` written into the table's negative
+    distances, otherwise one gather. FIRE, whose bias also depends on the query position, is
+    evaluated at every pair.
     """
     nq, nk = q_pos.shape[-1], k_pos.shape[-1]
-    future = future_mask(nq, nk, q_pos.device, offset) if causal else None
     if encoding.distance_only:
         lo, hi = _distance_range(q_pos, k_pos)
         table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device)).to(dtype)  # h d
-        index = rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j") - lo  # nq nk
-        if future is not None:
-            table = torch.cat([table, table.new_full((table.shape[0], 1), float("-inf"))], dim=1)
-            index = index.masked_fill(future, table.shape[1] - 1)
-        mask = table[:, index]
+        if _is_range(q_pos) and _is_range(k_pos):
+            if causal:  # key c is after query r exactly when the distance is below this threshold
+                cut = int(q_pos[0] - k_pos[0]) - offset - lo
+                table = torch.cat([table.new_full((table.shape[0], max(cut, 0)), float("-inf")), table[:, max(cut, 0):]], 1)
+            mask = toeplitz(table, nq, nk)
+        else:
+            index = rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j") - lo  # nq nk
+            if causal:
+                table = torch.cat([table, table.new_full((table.shape[0], 1), float("-inf"))], dim=1)
+                index = index.masked_fill(future_mask(nq, nk, q_pos.device, offset), table.shape[1] - 1)
+            mask = table[:, index]
     else:
         mask = encoding.bias(q_pos, k_pos).to(dtype)
-        if future is not None:
-            mask = mask.masked_fill(future, float("-inf"))
+        if causal:
+            mask = mask.masked_fill(future_mask(nq, nk, q_pos.device, offset), float("-inf"))
     return rearrange(mask, "h i j -> 1 h i j")
 
 
@@ -191,6 +215,8 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
     whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
     mask = bias_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
     if nq <= BLOCK and mask is not None:
+        if mask.requires_grad and q.device.type == "cpu":
+            return _softmax_attention(q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     outputs = []
     for start in range(0, nq, BLOCK):
@@ -204,6 +230,14 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
         outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
                                                       attn_mask=block))
     return torch.cat(outputs, dim=2)
+
+
+def _softmax_attention(q, k, v, mask):
+    """``softmax(q k^T / sqrt(d) + mask) v`` written out: for a mask that needs its gradient on the CPU,
+    where SDPA has no fused kernel with a mask gradient and its own explicit path adds checks for
+    fully masked rows (no row here is: every query sees itself)."""
+    scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2)) + mask  # b h i j
+    return torch.matmul(scores.softmax(dim=-1), v)
 
 
 def _is_arange(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:

@@ -187,5 +187,14 @@ class FIRE(nn.Module):
         return F.softplus(self.raw_c), F.softplus(self.raw_threshold)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        # query rows in chunks, so that the MLP's hidden activations (rows x keys x hidden) stay small
+        rows = max(1, self.CHUNK // max(1, k_pos.shape[-1] * self.mlp[0].out_features))
+        chunks = [self._rows(q_pos[i : i + rows], k_pos) for i in range(0, q_pos.shape[-1], rows)]
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+
+    #: hidden activations computed at once (elements)
+    CHUNK = 2**24
+
+    def _rows(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         x = fire_input(q_pos, k_pos, *self.params())
         return rearrange(self.mlp(rearrange(x, "i j -> i j 1")), "i j h -> h i j")

@@ -212,13 +212,17 @@ class RoPE(Encoding):
             angles = rope.rope_angles(positions, freqs)
         return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
+    def spread_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`rope.spread_tables` of :meth:`cos_sin`, memoised the same way."""
+        return self.memo(f"spread/{dtype}", (positions,), dtype,
+                         lambda: rope.spread_tables(*self.cos_sin(positions, dtype), self.layout))
+
     def rotate(self, q, k, positions):
-        cos, sin = self.cos_sin(positions, torch.promote_types(q.dtype, torch.float32))
-        return rope.rotate(q, cos, sin, self.layout), rope.rotate(k, cos, sin, self.layout)
+        return self.rotate_one(q, positions, "q"), self.rotate_one(k, positions, "k")
 
     def rotate_one(self, x, positions, role):
-        cos, sin = self.cos_sin(positions, torch.promote_types(x.dtype, torch.float32))
-        return rope.rotate(x, cos, sin, self.layout)
+        cos, sin = self.spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
+        return rope.rotate_with(x, cos, sin, self.layout)
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"

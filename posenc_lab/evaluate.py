@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .errors import PosencError, PositionOutOfRange, check_positive
-from .train import autocast, clear_oom
+from .train import autocast, clear_oom, flush_denormals
 
 MODES = ("nonoverlapping", "sliding")
 
@@ -74,16 +74,17 @@ def evaluate(
     t0 = time.perf_counter()
     batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
     try:
-        for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
-            windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
-            with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
-                losses = model.token_losses(windows[:, :-1], windows[:, 1:]).double().cpu()  # b n
-            for row, (_, first) in zip(losses, batch):
-                total += row[first:].sum().item()
-                count += length - first
-                if first == 0:
-                    position_sum += row
-                    position_windows += 1
+        with flush_denormals():
+            for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+                windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
+                with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
+                    losses = model.token_losses(windows[:, :-1], windows[:, 1:]).double().cpu()  # b n
+                for row, (_, first) in zip(losses, batch):
+                    total += row[first:].sum().item()
+                    count += length - first
+                    if first == 0:
+                        position_sum += row
+                        position_windows += 1
     except PositionOutOfRange as err:
         return {"status": "cannot extrapolate", "reason": str(err), "loss": math.nan, "perplexity": math.nan,
                 "bits_per_byte": math.nan, "tokens": 0, "seconds": time.perf_counter() - t0, "per_position": None}

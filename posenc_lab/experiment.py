@@ -61,6 +61,7 @@ class Spec:
     finetune: tuple[str, ...] = ()  # RoPE strategies to fine-tune briefly at finetune_len
     finetune_steps: int = 0
     finetune_len: int = 0
+    finetune_seeds: tuple[int, ...] | None = None  # the RoPE seeds that are fine-tuned (default: all)
     backend: str = "auto"
     compile: bool | None = None  # torch.compile the training step; default: on CUDA
     notes: str = ""
@@ -94,6 +95,10 @@ class Spec:
     def seeds_for(self, encoding: str) -> tuple[int, ...]:
         return self.seeds if encoding in MAIN_ENCODINGS else self.other_seeds
 
+    def finetunes(self, seed: int) -> tuple[str, ...]:
+        """The strategies fine-tuned for RoPE seed ``seed``."""
+        return self.finetune if self.finetune_seeds is None or seed in self.finetune_seeds else ()
+
     def model_config(self, encoding: str) -> GPTConfig:
         return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
                          train_len=self.train_len, backend=self.backend)
@@ -114,6 +119,12 @@ PRESETS: dict[str, Spec] = {
                 warmup=100, checkpoint_every=200, eval_lengths=(128, 256, 512, 1024, 2048), eval_tokens=16384,
                 stride=128, eval_batch_size=4,
                 notes="the qualitative picture on 2 CPU cores: train at 128, evaluate to 16x"),
+    "article-cpu": Spec(preset="article-cpu", n_layer=4, n_head=4, d_model=128, train_len=512, steps=700, batch_size=8,
+                        lr=2e-3, warmup=70, checkpoint_every=100, eval_lengths=(512, 1024, 2048, 4096, 8192),
+                        eval_tokens=24576, stride=512, eval_batch_size=4, seeds=(0, 1, 2), other_seeds=(0, 1, 2),
+                        finetune=("pi", "ntk", "yarn"), finetune_steps=200, finetune_len=2048, finetune_seeds=(0,),
+                        notes="the article's lengths on 2 CPU cores: trained at 512, judged at 2048 (4x), "
+                              "evaluated to 8192, three seeds of every encoding; about 2 hours"),
     "colab": Spec(preset="colab", n_layer=6, n_head=6, d_model=384, train_len=512, steps=1500, batch_size=16,
                   lr=1e-3, warmup=150, checkpoint_every=250, eval_lengths=(512, 1024, 2048, 4096, 8192),
                   eval_tokens=32768, stride=256, eval_batch_size=2,
@@ -217,7 +228,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
         rows += [{**base, "strategy": strategy, **r} for r in evaluated]
         curves[strategy] = per_position
     if encoding == "rope":
-        for strategy in spec.finetune:
+        for strategy in spec.finetunes(seed):
             tuned = copy.deepcopy(model)
             factor = spec.finetune_len / spec.train_len
             tuned.encoding.set_scaling(strategy, factor=factor)
@@ -254,31 +265,24 @@ def write_table(out: Path, rows: list[dict]) -> None:
     write_atomic(out / "results.json", json.dumps(rows, indent=1))
 
 
-def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device: str | None = None,
-        progress: bool = True, log=print) -> list[dict]:
-    """Run every unit of ``spec`` not yet finished in ``out``; returns the rows of the whole table."""
-    out = Path(out)
-    device = torch.device(device) if device else default_device()
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PosencError("--device cuda was asked for, but this torch sees no CUDA GPU")
-    corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    config = {"spec": spec.to_dict(), "corpus": corpus.describe()}
+def prepare(out: Path, config: dict) -> None:
+    """Record ``config`` in ``out/config.json``; refuse a folder that holds a different experiment."""
     config_path = out / "config.json"
     if config_path.exists():
         previous = json.loads(config_path.read_text())
-        if previous["spec"] != json.loads(json.dumps(config["spec"])) or previous["corpus"]["sha256"] != corpus.meta["sha256"]:
+        if json.loads(json.dumps(config)) != {k: previous.get(k) for k in config}:
             raise PosencError(f"{out} holds a different experiment (its config.json differs): use a new --out, "
                               "or the same options to continue it")
     write_atomic(config_path, json.dumps(config, indent=1))
-    train_stream, eval_stream = corpus.stream("train"), corpus.stream("test")
-    if len(eval_stream) < spec.eval_tokens + 1:
-        raise PosencError(f"the test split of {corpus.name!r} has {len(eval_stream)} bytes, fewer than eval_tokens "
-                          f"+ 1 = {spec.eval_tokens + 1}: lower --eval-tokens or use a larger corpus")
-    common = {"preset": spec.preset, "corpus": corpus.name, "corpus_sha256": corpus.meta["sha256"],
-              "python": ".".join(map(str, sys.version_info[:3])), "device": device_name(device),
-              "torch": torch.__version__, "posenc_lab": __version__, "git_commit": git_commit(),
-              "config": json.dumps(spec.to_dict(), sort_keys=True)}
-    units = [(e, s) for e in spec.encodings for s in spec.seeds_for(e)]
+
+
+def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=None, log=print) -> None:
+    """The runner every experiment shares: ``run_one(encoding, seed)`` for each unit not finished in ``out``.
+
+    A finished unit is written to ``out/units/<encoding>-s<seed>.json`` at once (atomically), so an
+    interrupted run continues from the units already done; its checkpoints are then deleted (its
+    final weights stay in ``out/models``). ``after_each(out)`` runs after every unit (the tables).
+    """
     for i, (encoding, seed) in enumerate(units, 1):
         path = out / "units" / f"{encoding}-s{seed}.json"
         if path.exists():
@@ -286,12 +290,45 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
             continue
         log(f"[{i}/{len(units)}] {encoding} seed {seed}")
         t0 = time.perf_counter()
-        record = run_unit(spec, encoding, seed, train_stream, eval_stream, out, device, progress, common)
+        record = run_one(encoding, seed)
         record["seconds"] = round(time.perf_counter() - t0, 1)
         write_atomic(path, json.dumps(record))
         for ckpt in (out / "checkpoints").glob(f"{encoding}-s{seed}*.pt"):
             ckpt.unlink()  # the unit is done: its training state is no longer needed (weights are in models/)
-        write_table(out, collect(out))
+        if after_each is not None:
+            after_each(out)
+
+
+def run_context(spec, corpus: Corpus, device: torch.device) -> dict:
+    """The columns every row of a run carries: what ran, on what, with which code."""
+    return {"preset": spec.preset, "corpus": corpus.name, "corpus_sha256": corpus.meta["sha256"],
+            "python": ".".join(map(str, sys.version_info[:3])), "device": device_name(device),
+            "torch": torch.__version__, "posenc_lab": __version__, "git_commit": git_commit(),
+            "config": json.dumps(spec.to_dict(), sort_keys=True)}
+
+
+def resolve_device(device: str | None) -> torch.device:
+    device = torch.device(device) if device else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PosencError("--device cuda was asked for, but this torch sees no CUDA GPU")
+    return device
+
+
+def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device: str | None = None,
+        progress: bool = True, log=print) -> list[dict]:
+    """Run every unit of ``spec`` not yet finished in ``out``; returns the rows of the whole table."""
+    out = Path(out)
+    device = resolve_device(device)
+    corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
+    prepare(out, {"spec": spec.to_dict(), "corpus": corpus.describe()})
+    train_stream, eval_stream = corpus.stream("train"), corpus.stream("test")
+    if len(eval_stream) < spec.eval_tokens + 1:
+        raise PosencError(f"the test split of {corpus.name!r} has {len(eval_stream)} bytes, fewer than eval_tokens "
+                          f"+ 1 = {spec.eval_tokens + 1}: lower --eval-tokens or use a larger corpus")
+    common = run_context(spec, corpus, device)
+    units = [(e, s) for e in spec.encodings for s in spec.seeds_for(e)]
+    run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, eval_stream, out, device, progress, common),
+              after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)
     write_table(out, rows)
     return rows

@@ -22,6 +22,10 @@ from .encodings import make_encoding
 from .errors import PosencError, check_positive
 
 
+#: a target that carries no loss (cross-entropy's ``ignore_index``): the retrieval task scores its answer only
+IGNORE = -100
+
+
 @dataclass
 class GPTConfig:
     encoding: str = "rope"
@@ -108,13 +112,14 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy in nats of every target token, ``b n``, computed in float32."""
+        """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``)."""
         logits = self(idx)
         return F.cross_entropy(rearrange(logits.float(), "b n v -> (b n) v"), rearrange(targets, "b n -> (b n)"),
-                               reduction="none").view_as(targets)
+                               reduction="none", ignore_index=IGNORE).view_as(targets)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.token_losses(idx, targets).mean()
+        """Mean cross-entropy over the targets that are not ``IGNORE`` (all of them in language modelling)."""
+        return self.token_losses(idx, targets).sum() / (targets != IGNORE).sum()
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, ``6 N + 6 L n d`` (PaLM's accounting with the causal half of attention).

@@ -1,22 +1,34 @@
-"""The figures that the notebooks and ``report`` share. Each function draws on a given ``Axes``."""
+"""The figures that the notebooks and ``report`` share, drawn with seaborn. Each function draws on a given ``Axes``.
+
+One theme (:func:`use_theme`) and one fixed colour per encoding and RoPE strategy (:func:`color`) in
+every figure of the book. Bands are one standard deviation over seeds (``errorbar="sd"``); with a
+single seed there is no band.
+"""
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .encodings import ENCODINGS
-from .report import label, summarize
+from .report import frame, label
 from .rope import ROPE_SCALINGS
 
 # one fixed colour per curve, the same in every figure: encodings first, then RoPE's strategies
 _ORDER = [n for n in ENCODINGS if n != "rope"] + [f"rope/{s}" for s in ROPE_SCALINGS] + [f"rope/{s}+ft" for s in ROPE_SCALINGS]
 
 
+def use_theme() -> None:
+    """The book's seaborn theme (white grid, notebook context)."""
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+
+
 def color(name: str):
+    """The fixed colour of an encoding or ``rope/<strategy>`` (tab20, in registry order)."""
     import matplotlib
 
     key = name if name in _ORDER else name.split("/")[0]
@@ -24,90 +36,143 @@ def color(name: str):
     return matplotlib.colormaps["tab20"].colors[index % 20]
 
 
-def _length_axis(ax):
+def palette(names) -> dict:
+    return {name: color(name) for name in names}
+
+
+def _length_axis(ax, *, base: int = 2):
     from matplotlib.ticker import ScalarFormatter
 
-    ax.set_xscale("log", base=2)
+    ax.set_xscale("log", base=base)
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.grid(True, alpha=0.3)
 
 
-def ppl_vs_length(rows: list[dict], mode: str, ax, *, labels: list[str] | None = None, metric: str = "perplexity"):
-    """Perplexity against evaluation length (log-2 length axis), one line per encoding/strategy, error bars over seeds."""
-    summary = summarize(rows, metric)[mode]
-    train_len = int(rows[0]["train_len"])
-    for name in labels or sorted(summary):
-        cells = summary[name]
-        lengths = [n for n in sorted(cells) if not math.isnan(cells[n][0])]
-        if not lengths:
-            continue
-        means = [cells[n][0] for n in lengths]
-        stds = [cells[n][1] for n in lengths]
-        style = "--" if "/" in name and not name.endswith("/none") else "-"
-        ax.errorbar(lengths, means, yerr=stds, marker="o", ms=3, capsize=2, ls=style, label=name, color=color(name))
+def ppl_vs_length(rows, mode: str, ax, *, labels: list[str] | None = None, metric: str = "perplexity"):
+    """Perplexity against evaluation length (log-2 axis), a line per encoding/strategy, a band of one sd over seeds."""
+    import seaborn as sns
+
+    df = frame(rows)
+    df = df[(df.eval_mode == mode) & df[metric].notna()]
+    names = [n for n in (labels or sorted(df["label"].unique())) if n in set(df["label"])]
+    df = df[df["label"].isin(names)]
+    train_len = int(df["train_len"].iloc[0])
+    dashes = {n: (4, 2) if "/" in n and not n.endswith("/none") else "" for n in names}
+    sns.lineplot(data=df, x="eval_len", y=metric, hue="label", hue_order=names, palette=palette(names), style="label",
+                 style_order=names, dashes=dashes, markers=["o"] * len(names), markersize=4, errorbar="sd", ax=ax)
     ax.axvline(train_len, color="grey", lw=0.8, ls=":")
     _length_axis(ax)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel(f"{metric} ({mode})")
     ax.set_title(f"{mode} windows; trained at {train_len}")
+    ax.legend(title=None)
     return ax
 
 
-def per_position(units: list[dict], length: int, ax, *, strategies=("-", "none"), bins: int = 40, labels=None):
-    """Mean loss at each position of a window of ``length`` (non-overlapping), over windows and seeds.
+def log_bins(length: int, bins: int) -> np.ndarray:
+    """Edges of log-spaced position bins over ``0 .. length``: the first positions keep their own bins."""
+    edges = np.unique(np.geomspace(1, length, bins + 1).astype(int))
+    edges[0] = 0
+    return edges
 
-    Positions are averaged in log-spaced bins: the first positions (little context) keep their own
-    bins, the far end of the window is averaged over many positions, where few windows would
-    otherwise leave only noise.
-    """
-    curves = defaultdict(list)
-    train_len = None
+
+def per_position_frame(units: list[dict], length: int, *, labels=None, strategies=("-", "none"), bins: int = 40) -> pd.DataFrame:
+    """Mean loss per log-spaced position bin, one row per (label, seed, bin), for windows of ``length``."""
+    edges = log_bins(length, bins)
+    centres = [(a + b - 1) / 2 + 1 for a, b in zip(edges[:-1], edges[1:])]
+    out = []
     for unit in units:
-        train_len = train_len or int(unit["rows"][0]["train_len"])
         for strategy, by_len in unit["per_position"].items():
             name = label({"encoding": unit["encoding"], "strategy": strategy})
             wanted = name in labels if labels else strategy in strategies
-            if wanted and str(length) in by_len:
-                curves[name].append(np.asarray(by_len[str(length)]))
-    edges = np.unique(np.geomspace(1, length, bins + 1).astype(int))
-    edges[0] = 0
-    for name in labels or sorted(curves):
-        if name not in curves:
-            continue
-        mean = np.mean(curves[name], axis=0)
-        centres = [(a + b - 1) / 2 + 1 for a, b in zip(edges[:-1], edges[1:])]
-        binned = [mean[a:b].mean() for a, b in zip(edges[:-1], edges[1:])]
-        ax.plot(centres, binned, label=name, color=color(name))
+            if not wanted or str(length) not in by_len:
+                continue
+            curve = np.asarray(by_len[str(length)])
+            for centre, a, b in zip(centres, edges[:-1], edges[1:]):
+                out.append({"label": name, "seed": unit["seed"], "position": centre, "loss": curve[a:b].mean()})
+    return pd.DataFrame(out, columns=["label", "seed", "position", "loss"])
+
+
+def per_position(units: list[dict], length: int, ax, *, strategies=("-", "none"), bins: int = 40, labels=None):
+    """Mean loss at each position of a window of ``length`` (non-overlapping), band of one sd over seeds.
+
+    Smoothing: positions are averaged in ``bins`` log-spaced bins (the first positions keep their
+    own bins; the far end of a long window is averaged over hundreds of positions), over all the
+    windows of the evaluation, then over seeds.
+    """
+    import seaborn as sns
+
+    df = per_position_frame(units, length, labels=labels, strategies=strategies, bins=bins)
+    names = [n for n in (labels or sorted(df["label"].unique())) if n in set(df["label"])]
+    sns.lineplot(data=df, x="position", y="loss", hue="label", hue_order=names, palette=palette(names),
+                 errorbar="sd", ax=ax)
+    train_len = int(units[0]["rows"][0]["train_len"]) if units else None
     if train_len:
         ax.axvline(train_len, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
-    ax.grid(True, alpha=0.3)
     ax.set_xlabel("position in the window (1 = first predicted byte)")
     ax.set_ylabel("mean loss (nats)")
     ax.set_title(f"loss at each position, non-overlapping windows of {length}")
+    ax.legend(title=None)
     return ax
 
 
-def save_report_figures(rows: list[dict], units: list[dict], folder: Path) -> list[Path]:
-    """``ppl_vs_length.png`` (a panel per mode) and ``per_position.png`` (the longest length) in ``folder``."""
+def training_frame(units: list[dict], *, every: int = 10) -> pd.DataFrame:
+    """Training loss every ``every`` steps (the mean of those steps), one row per (encoding, seed, step)."""
+    out = []
+    for unit in units:
+        losses = np.asarray(unit["train_losses"])
+        for start in range(0, len(losses), every):
+            out.append({"label": unit["encoding"], "seed": unit["seed"], "step": start + every,
+                        "loss": float(losses[start:start + every].mean())})
+    return pd.DataFrame(out, columns=["label", "seed", "step", "loss"])
+
+
+def training_curves(units: list[dict], ax, *, labels=None, every: int = 10):
+    """Training loss against step for every encoding, band of one sd over seeds."""
+    import seaborn as sns
+
+    df = training_frame(units, every=every)
+    names = [n for n in (labels or sorted(df["label"].unique())) if n in set(df["label"])]
+    sns.lineplot(data=df, x="step", y="loss", hue="label", hue_order=names, palette=palette(names), errorbar="sd",
+                 ax=ax, lw=1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"training loss (nats, mean of {every} steps)")
+    ax.legend(title=None, ncols=2)
+    return ax
+
+
+def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
+    """``ppl_vs_length.png`` (a panel per mode), ``per_position.png`` (the longest length) and
+    ``training_loss.png`` in ``folder``."""
     import matplotlib.pyplot as plt
 
+    use_theme()
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    modes = sorted({r["eval_mode"] for r in rows})
+    df = frame(rows)
+    modes = sorted(df["eval_mode"].unique())
     fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), squeeze=False)
     for ax, mode in zip(axes[0], modes):
-        ppl_vs_length(rows, mode, ax)
+        ppl_vs_length(df, mode, ax)
+    for ax in axes[0][:-1]:
+        ax.get_legend().remove()
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     written = [folder / "ppl_vs_length.png"]
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
-    longest = max(int(r["eval_len"]) for r in rows)
+    longest = int(df["eval_len"].max())
     fig, ax = plt.subplots(figsize=(8, 4.5))
     per_position(units, longest, ax)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     written.append(folder / "per_position.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    training_curves(units, ax)
+    fig.tight_layout()
+    written.append(folder / "training_loss.png")
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
     return written

@@ -257,10 +257,25 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = 
     if cos.shape[-1] != x.shape[-1] // 2:
         raise PosencError(f"RoPE tables have {cos.shape[-1]} pairs but the head dimension {x.shape[-1]} has {x.shape[-1] // 2}")
     compute = torch.promote_types(x.dtype, torch.float32)
-    a, b = rearrange(x.to(compute), _PAIR_PATTERN[layout], r=2)
-    cos, sin = cos.to(compute), sin.to(compute)
-    rotated = rearrange([a * cos - b * sin, a * sin + b * cos], _UNPAIR_PATTERN[layout])
-    return rotated.to(x.dtype)
+    return rotate_with(x, *spread_tables(cos.to(compute), sin.to(compute), layout), layout)
+
+
+def spread_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` (``... d/2``) laid out over the ``d`` coordinates: ``(cos, cos)`` and ``(-sin, sin)`` in
+    the places of each pair's ``(a, b)``, so that :func:`rotate_with` is two products and a sum."""
+    return (rearrange([cos, cos], _UNPAIR_PATTERN[layout]), rearrange([-sin, sin], _UNPAIR_PATTERN[layout]))
+
+
+def rotate_with(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """``x * cos + swap(x) * sin`` with the spread tables of :func:`spread_tables`, where ``swap`` exchanges
+    the two members of every pair: ``(a cos - b sin, b cos + a sin)``, the rotation, in one pass."""
+    x_ = x.to(cos.dtype)
+    if layout == "half":  # pairs (x[i], x[i + d/2]): swap the two halves (one copy)
+        first, second = x_.chunk(2, dim=-1)
+        swapped = torch.cat([second, first], dim=-1)
+    else:  # pairs (x[2i], x[2i+1]): swap within each pair
+        swapped = rearrange(rearrange(x_, "... (f r) -> ... f r", r=2).flip(-1), "... f r -> ... (f r)")
+    return (x_ * cos + swapped * sin).to(x.dtype)
 
 
 def apply_rope(

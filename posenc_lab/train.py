@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,6 +70,23 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def flush_denormals():
+    """Flush subnormal floats to zero on the CPU while the block runs (restored afterwards).
+
+    A softmax over a bias that grows with distance (ALiBi's steepest heads) produces many
+    subnormal intermediates, which x86 processors handle tens of times slower than normal floats;
+    flushing them changes no result beyond float32's resolution (they are below ``1.2e-38``).
+    Measured in ``benchmarks/long_eval.py``.
+    """
+    supported = torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if supported:
+            torch.set_flush_denormal(False)
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases, norms, or per-head scalars)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -103,7 +121,7 @@ def clear_oom(what: str):
 
 def train(
     model,
-    stream: torch.Tensor,
+    stream: torch.Tensor | None,
     cfg: TrainConfig,
     *,
     length: int | None = None,
@@ -112,12 +130,20 @@ def train(
     progress: bool = True,
     desc: str = "train",
     compile: bool = False,
+    batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    on_step: Callable[[int], None] | None = None,
+    extra_state: list | None = None,
 ) -> dict:
     """Train ``model`` on windows of ``length`` (default: its training length) drawn from ``stream``.
 
     With ``checkpoint`` set, resumes from it when it exists and saves to it every
     ``checkpoint_every`` steps and at the end. ``compile`` runs the forward and backward through
-    ``torch.compile``. Returns the loss history and throughput.
+    ``torch.compile``. ``batches(step) -> (inputs, targets)`` replaces the windows of ``stream`` (a
+    synthetic task; targets ``IGNORE`` carry no loss); it must be a pure function of ``step``, as
+    :func:`data.batch_at` is, for a resumed run to equal an uninterrupted one. ``on_step(step)`` is
+    called before the first step of a fresh run and after every step (a probe of the model);
+    ``extra_state``, a list it may fill, is saved in the checkpoint and restored on resume.
+    Returns the loss history and throughput.
     """
     device = torch.device(device)
     length = length or model.cfg.train_len
@@ -131,44 +157,59 @@ def train(
         opt.load_state_dict(saved["optimizer"])
         scaler.load_state_dict(saved["scaler"])
         state = saved["state"]
+        if extra_state is not None:
+            extra_state[:] = saved.get("extra", [])
 
     def save():
         if checkpoint is not None:
             save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
-                         "state": state, "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict()}, checkpoint)
+                         "state": state, "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict(),
+                         "extra": list(extra_state or [])}, checkpoint)
 
     model.train()
     loss_fn = torch.compile(model.loss) if compile else model.loss
     bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc=desc,
                disable=not progress, dynamic_ncols=True, mininterval=1.0)
     tokens_per_step = cfg.batch_size * length
-    for step in bar:
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        x, y = (t.to(device) for t in batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed))
-        with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
-            with autocast(device):
-                loss = loss_fn(x, y)
-            value = loss.item()
-            if not math.isfinite(value):
-                where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
-                raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
-                                       "Try a lower learning rate (--lr) or more warm-up.")
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        state["step"], state["seconds"] = step + 1, state["seconds"] + dt
-        state["losses"].append(value)
-        bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-            save()
+    if batches is None:
+        if stream is None:
+            raise PosencError("train() needs a token stream or a batches(step) function")
+
+        def batches(step):
+            return batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed)
+
+    if on_step is not None and state["step"] == 0:
+        on_step(0)
+    with flush_denormals():
+        for step in bar:
+            t0 = time.perf_counter()
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            x, y = (t.to(device) for t in batches(step))
+            with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
+                with autocast(device):
+                    loss = loss_fn(x, y)
+                value = loss.item()
+                if not math.isfinite(value):
+                    where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
+                    raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
+                                           "Try a lower learning rate (--lr) or more warm-up.")
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            state["step"], state["seconds"] = step + 1, state["seconds"] + dt
+            state["losses"].append(value)
+            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
+            if on_step is not None:
+                on_step(step + 1)
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                save()
     bar.close()
     model.eval()
     tail = state["losses"][-max(1, len(state["losses"]) // 20):]

@@ -91,7 +91,7 @@ def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
 
 
 def test_spec_rejects_bad_input():
-    with pytest.raises(PosencError, match="valid presets: ci, colab, cpu, paper"):
+    with pytest.raises(PosencError, match="valid presets: article-cpu, ci, colab, cpu, paper"):
         experiment.preset("huge")
     with pytest.raises(PosencError, match="positive"):
         experiment.preset("ci", train_len=0)
@@ -155,7 +155,8 @@ def test_rerun_continues_and_refuses_a_different_experiment(ci_run):
 
 def cli(*args, **kw):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "posenc_lab", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    kw.setdefault("cwd", ROOT)
+    return subprocess.Popen([sys.executable, "-m", "posenc_lab", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -193,7 +194,7 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: ci, colab, cpu, paper"),
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: article-cpu, ci, colab, cpu, paper"),
     (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
     (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
     (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
@@ -205,6 +206,31 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, args, message):
     p = cli(*args)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 2 and message in err and "Traceback" not in err
+
+
+def test_article_preset_runs_at_toy_size(tmp_path):
+    """The article-cpu preset's configuration (every encoding, three seeds, fine-tune rows for one seed, 512 -> 8192
+    shape scaled down 8x) end to end, so that it cannot rot."""
+    article = experiment.PRESETS["article-cpu"]
+    scale = 8
+    spec = experiment.preset("article-cpu", n_layer=1, d_model=32, steps=3, batch_size=2, warmup=1, checkpoint_every=3,
+                             train_len=article.train_len // scale, eval_lengths=tuple(n // scale for n in article.eval_lengths),
+                             eval_tokens=article.eval_tokens // scale, stride=article.stride // scale,
+                             finetune_steps=2, finetune_len=article.finetune_len // scale)
+    assert spec.seeds == spec.other_seeds == (0, 1, 2) and spec.finetune_seeds == (0,)
+    rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)
+    units = {(r["encoding"], r["seed"]) for r in rows}
+    assert units == {(e, s) for e in spec.encodings for s in (0, 1, 2)}
+    finetuned = {(r["strategy"], r["seed"]) for r in rows if r["strategy"].endswith("+ft")}
+    assert finetuned == {(f"{s}+ft", 0) for s in ("pi", "ntk", "yarn")}
+    assert report.claims_text(rows, "sliding", judged_len=spec.eval_lengths[2]).startswith("decision rule")
+
+
+def test_cli_out_defaults_to_runs_preset(tmp_path):
+    p = cli("run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--eval-lengths", "64", "--no-report",
+            "--no-progress", cwd=tmp_path)
+    p.communicate(timeout=300)
+    assert p.returncode == 0 and (tmp_path / "runs" / "ci" / "units" / "nope-s0.json").exists()
 
 
 def test_cli_help_explains_every_option():

@@ -1,0 +1,77 @@
+"""The committed results, from a checkout or from an installed package alike.
+
+The repository keeps its measured results under ``results/`` (one folder per run, and
+``results/benchmarks``). The same files are shipped inside the package (``posenc_lab.committed``,
+see ``pyproject.toml``), so that a notebook opened alone -- on Colab, with nothing but
+``pip install`` around it -- reads exactly the committed numbers:
+
+    from posenc_lab import results
+    rows, units, config = results.load("article-cpu")
+    bench = results.benchmark("cpu-long-eval")
+
+:func:`folder` looks in the checkout first (``<repo>/results``), then in the installed package.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from .errors import PosencError
+
+#: the committed runs and what made each (``make`` targets in the repository)
+RUNS = {
+    "cpu": "make results-cpu: 4 layers, trained at 128 bytes, one seed, evaluated to 16x",
+    "cpu-finetune": "make results-cpu: RoPE fine-tuned briefly at 4x with pi, ntk and yarn",
+    "article-cpu": "make results-article: the article's lengths (trained at 512, judged at 2048), three seeds",
+    "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
+}
+
+
+def _checkout_root() -> Path:
+    return Path(__file__).resolve().parents[1] / "results"
+
+
+def folder(name: str):
+    """The folder of committed results ``name`` (a run of :data:`RUNS`, or ``benchmarks``): a ``Path`` in a
+    checkout, an ``importlib.resources`` traversable in an installed package."""
+    local = _checkout_root() / name
+    if local.is_dir():
+        return local
+    try:
+        packaged = resources.files("posenc_lab.committed") / name
+    except ModuleNotFoundError:
+        packaged = None
+    if packaged is not None and packaged.is_dir():
+        return packaged
+    known = ", ".join([*RUNS, "benchmarks"])
+    raise PosencError(f"no committed results named {name!r} (looked in {_checkout_root()} and in the installed "
+                      f"package); known: {known}")
+
+
+def _read_json(node):
+    return json.loads(node.read_text())
+
+
+def load(name: str) -> tuple[list[dict], list[dict], dict]:
+    """Rows, unit records and config of a committed run, as :func:`report.load` returns them for a run folder."""
+    node = folder(name)
+    rows = _read_json(node / "results.json")
+    units_dir = node / "units"
+    units = [_read_json(p) for p in sorted(units_dir.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")]
+    config = _read_json(node / "config.json")
+    return rows, units, config
+
+
+def benchmark(name: str) -> dict:
+    """A committed benchmark result, ``results/benchmarks/<name>.json``."""
+    node = folder("benchmarks") / f"{name}.json"
+    if not node.is_file():
+        raise PosencError(f"no committed benchmark {name!r} in results/benchmarks")
+    return _read_json(node)
+
+
+def read_json(name: str, path: str):
+    """Any other committed JSON file of run ``name`` (e.g. a retrieval run's ``grid.json``)."""
+    return _read_json(folder(name) / path)

@@ -1,0 +1,327 @@
+"""Passkey retrieval past the training length: does the model *use* context it was not trained on?
+
+The task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
+encoding can learn it from scratch at the training length on a CPU):
+
+* the haystack is random lowercase letters;
+* the passkey is four bytes, each drawn from its own alphabet (``0-9``, ``A-J``, ``K-T``, ``U-Z!#$%``),
+  planted at a chosen depth of the haystack (depth 0: the first bytes, depth 1: the last bytes
+  before the question);
+* the window ends with ``?`` and the four passkey bytes: the model must reproduce them.
+
+Because each passkey byte comes from its own alphabet and appears nowhere else, finding it is
+pure content lookup (``?`` asks for a digit, a digit asks for a letter of ``A-J``, ...): no
+position arithmetic is needed, so a model that fails beyond the training length fails because its
+position encoding disturbs attention there, not because the task needs positions.
+
+Exact match (all four bytes) is read with teacher forcing: the argmax at each answer position
+given the true earlier answer bytes. That is exactly greedy decoding's result: greedy decoding
+feeds back its own bytes, which are the true ones up to the first mistake, and one mistake fails
+the match either way.
+
+``python -m posenc_lab retrieval --preset retrieval-cpu`` trains one model per encoding at length
+``L`` (loss on the answer bytes only), then measures accuracy on a grid of lengths ``L .. 8L`` x
+needle depths, ``trials`` windows per cell, each cell with its Wilson 95 % interval. RoPE's
+strategies are evaluated on the one trained RoPE model. The runner is the experiment's
+(:func:`experiment.run_units`): resumable per unit, one tidy table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .encodings import ENCODINGS
+from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
+from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
+from .model import GPT, IGNORE, GPTConfig
+from .rope import ROPE_SCALINGS
+from .train import TrainConfig, autocast, flush_denormals, save_atomic, train
+
+FILLER = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
+SLOTS = [torch.tensor(list(chars)) for chars in (b"0123456789", b"ABCDEFGHIJ", b"KLMNOPQRST", b"UVWXYZ!#$%")]
+QUESTION = ord("?")
+KEY_LEN = len(SLOTS)
+
+
+def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator):
+    """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the four answer
+    positions), the passkeys ``n x 4`` and the needle's start positions.
+
+    Layout of the ``length + 1`` bytes: haystack (``length - 4`` bytes, passkey inside it), ``?``, the
+    passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
+    it uniformly per window (training).
+    """
+    haystack = length - KEY_LEN
+    if haystack < KEY_LEN:
+        raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
+    seq = FILLER[torch.randint(len(FILLER), (n, length + 1), generator=generator)]
+    key = torch.stack([slot[torch.randint(len(slot), (n,), generator=generator)] for slot in SLOTS], dim=1)  # n 4
+    last = haystack - KEY_LEN
+    if depth is None:
+        start = torch.randint(last + 1, (n,), generator=generator)
+    else:
+        start = torch.full((n,), round(depth * last))
+    rows = torch.arange(n)[:, None]
+    seq[rows, start[:, None] + torch.arange(KEY_LEN)] = key
+    seq[:, haystack] = QUESTION
+    seq[:, haystack + 1:] = key
+    inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
+    targets[:, :haystack] = IGNORE  # the loss is on the four answer bytes only
+    return inputs.long(), targets.long(), key.long(), start
+
+
+@torch.no_grad()
+def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 32,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Per window, whether the argmax at all four answer positions is the passkey byte (bool ``n``)."""
+    device = torch.device(device)
+    model.eval().to(device)
+    out = []
+    with flush_denormals():
+        for i in range(0, len(inputs), batch_size):
+            x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
+            with autocast(device):
+                logits = model(x)[:, -KEY_LEN:]  # the last four positions predict the passkey
+            out.append((logits.argmax(-1) == y[:, -KEY_LEN:]).all(-1).cpu())
+    return torch.cat(out)
+
+
+def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % for ``z = 1.96``)."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = correct / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class RetrievalSpec:
+    """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec."""
+
+    preset: str = "custom"
+    encodings: tuple[str, ...] = tuple(ENCODINGS)
+    strategies: tuple[str, ...] = tuple(ROPE_SCALINGS)
+    seeds: tuple[int, ...] = (0,)
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 128
+    train_len: int = 128
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 100
+    checkpoint_every: int = 250
+    multiples: tuple[int, ...] = (1, 2, 4, 8)
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    trials: int = 64
+    monitor_every: int = 100  # training accuracy at the training length, every this many steps
+    monitor_trials: int = 128
+    eval_batch_size: int = 32
+    backend: str = "auto"
+    notes: str = ""
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "d_model", "train_len", "steps", "batch_size", "lr", "trials",
+                     "monitor_every", "monitor_trials", "eval_batch_size", "checkpoint_every"):
+            check_positive(name, getattr(self, name))
+        for name in self.encodings:
+            if name not in ENCODINGS:
+                raise unknown_name("encoding", name, ENCODINGS)
+        for name in self.strategies:
+            if name not in ROPE_SCALINGS:
+                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        if not self.multiples or min(self.multiples) < 1 or any(not isinstance(m, int) for m in self.multiples):
+            raise PosencError(f"multiples of the training length must be integers >= 1, got {self.multiples}")
+        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise PosencError(f"needle depths must lie in [0, 1], got {self.depths}")
+        if self.train_len < 4 * KEY_LEN:
+            raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
+
+    def model_config(self, encoding: str) -> GPTConfig:
+        return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
+                         train_len=self.train_len, backend=self.backend)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
+    "retrieval-ci": RetrievalSpec(preset="retrieval-ci", n_layer=1, d_model=32, train_len=32, steps=6, batch_size=4,
+                                  warmup=2, checkpoint_every=3, multiples=(1, 2), depths=(0.0, 1.0), trials=4,
+                                  monitor_every=3, monitor_trials=4, notes="end to end in seconds; numbers mean nothing"),
+    "retrieval-cpu": RetrievalSpec(preset="retrieval-cpu", notes="passkey retrieval trained at 128 bytes, "
+                                   "judged at 1x to 8x, every encoding, on 2 CPU cores in under an hour"),
+}
+
+
+def retrieval_preset(name: str, **overrides) -> RetrievalSpec:
+    if name not in RETRIEVAL_PRESETS:
+        raise unknown_name("retrieval preset", name, RETRIEVAL_PRESETS)
+    return replace(RETRIEVAL_PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
+
+COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "status", "trials",
+           "correct", "accuracy", "ci_low", "ci_high", "train_accuracy", "train_steps", "train_seconds", "preset",
+           "device", "torch", "posenc_lab", "git_commit", "config"]
+
+
+def _grid(model, spec: RetrievalSpec, seed: int, device, progress: bool, label: str) -> list[dict]:
+    rows = []
+    cells = [(m, d) for m in spec.multiples for d in spec.depths]
+    for multiple, depth in tqdm(cells, desc=f"retrieval {label}", disable=not progress, leave=False):
+        length = multiple * spec.train_len
+        g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + 7919 * length + round(1000 * depth))
+        inputs, targets, _, _ = make_windows(spec.trials, length, depth, g)
+        try:
+            hits = exact_match(model, inputs, targets, batch_size=max(1, spec.eval_batch_size // multiple), device=device)
+        except PositionOutOfRange:
+            rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "status": "cannot extrapolate",
+                         "trials": 0, "correct": 0, "accuracy": math.nan, "ci_low": math.nan, "ci_high": math.nan})
+            continue
+        correct = int(hits.sum())
+        low, high = wilson(correct, spec.trials)
+        rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "status": "ok", "trials": spec.trials,
+                     "correct": correct, "accuracy": correct / spec.trials, "ci_low": low, "ci_high": high})
+    return rows
+
+
+def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path, device, progress: bool,
+                       common: dict) -> dict:
+    """Train one encoding on the passkey task at ``train_len`` and measure the grid (every RoPE strategy)."""
+    torch.manual_seed(seed)
+    model = GPT(spec.model_config(encoding))
+    cfg = TrainConfig(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=spec.warmup,
+                      checkpoint_every=spec.checkpoint_every, seed=seed)
+    monitor_g = torch.Generator().manual_seed(4242 + seed)
+    probe = make_windows(spec.monitor_trials, spec.train_len, None, monitor_g)
+    curve = []
+
+    def batches(step):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g)
+        return x, y
+
+    def monitor(step):
+        if step % spec.monitor_every == 0 or step == spec.steps:
+            accuracy = exact_match(model, probe[0], probe[1], batch_size=spec.eval_batch_size, device=device)
+            curve.append({"step": step, "accuracy": float(accuracy.float().mean())})
+            model.train()
+
+    trained = train(model, None, cfg, batches=batches, on_step=monitor,
+                    checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt", device=device, progress=progress,
+                    desc=f"train {encoding}/s{seed}", extra_state=curve)
+    base = {"encoding": encoding, "seed": seed, "train_len": spec.train_len,
+            "train_accuracy": curve[-1]["accuracy"] if curve else math.nan, "train_steps": trained["train_steps"],
+            "train_seconds": round(trained["train_seconds"], 2), **common}
+    rows = []
+    for strategy in (spec.strategies if encoding == "rope" else ("-",)):
+        if encoding == "rope":
+            model.encoding.set_scaling(strategy)
+        rows += [{**base, "strategy": strategy, **r} for r in _grid(model, spec, seed, device, progress,
+                                                                     f"{encoding}/{strategy}")]
+    if encoding == "rope":
+        model.encoding.set_scaling("none")
+    save_atomic({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
+                out / "models" / f"{encoding}-s{seed}.pt")
+    return {"encoding": encoding, "seed": seed, "rows": rows, "train_losses": [round(x, 4) for x in trained["losses"]],
+            "train_accuracy": curve}
+
+
+def write_table(out: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(out / "results.csv", buf.getvalue())
+    write_atomic(out / "results.json", json.dumps(rows, indent=1))
+
+
+def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, progress: bool = True,
+        log=print) -> list[dict]:
+    """Run every unit of ``spec`` not yet finished in ``out``; returns the rows of the whole table."""
+    out = Path(out)
+    device = resolve_device(device)
+    prepare(out, {"spec": spec.to_dict(), "task": describe_task()})
+    import sys
+
+    from . import __version__
+
+    common = {"preset": spec.preset, "device": device_name(device), "torch": torch.__version__,
+              "posenc_lab": __version__, "git_commit": git_commit(), "config": json.dumps(spec.to_dict(), sort_keys=True),
+              "python": ".".join(map(str, sys.version_info[:3]))}
+    units = [(e, s) for e in spec.encodings for s in spec.seeds]
+    run_units(out, units, lambda e, s: run_retrieval_unit(spec, e, s, out, device, progress, common),
+              after_each=lambda o: write_table(o, collect(o)), log=log)
+    rows = collect(out)
+    write_table(out, rows)
+    return rows
+
+
+def describe_task() -> dict:
+    return {"filler": FILLER.tolist(), "slots": [s.tolist() for s in SLOTS], "question": QUESTION,
+            "answer_bytes": KEY_LEN}
+
+
+def frame(rows):
+    """The retrieval rows as a DataFrame with a ``label`` column (``rope/yarn``, ``alibi``, ...)."""
+    from .report import frame as results_frame
+
+    return results_frame(rows)
+
+
+def by_length(rows):
+    """Exact-match accuracy per label and length, pooled over depths (all trials of a length), with its
+    Wilson 95 % interval: a DataFrame indexed by ``(label, eval_len)``."""
+    df = frame(rows)
+    pooled = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
+                                                   status=("status", "first"), train_accuracy=("train_accuracy", "first"))
+    pooled["accuracy"] = pooled["correct"] / pooled["trials"].where(pooled["trials"] > 0)
+    intervals = [wilson(int(c), int(t)) for c, t in zip(pooled["correct"], pooled["trials"])]
+    pooled["ci_low"], pooled["ci_high"] = zip(*intervals) if intervals else ((), ())
+    return pooled
+
+
+def markdown_table(rows) -> str:
+    """Exact match per encoding (rows) and length (columns), pooled over depths, ``accuracy [low, high]``."""
+    table = by_length(rows)
+    lengths = sorted(table.index.get_level_values("eval_len").unique())
+    lines = ["| exact match, pooled over depths [95 % interval] | " + " | ".join(map(str, lengths)) + " |",
+             "|---" * (len(lengths) + 1) + "|"]
+    for name in sorted(table.index.get_level_values("label").unique()):
+        cells = []
+        for n in lengths:
+            r = table.loc[(name, n)] if (name, n) in table.index else None
+            if r is None:
+                cells.append("")
+            elif r["status"] != "ok":
+                cells.append("cannot extrapolate")
+            else:
+                cells.append(f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(out: Path | str) -> str:
+    from .report import load
+
+    rows, units, config = load(out)
+    if not rows:
+        raise PosencError(f"{out} has no finished unit yet")
+    first = rows[0]
+    trained = ", ".join(f"{u['encoding']} {u['train_accuracy'][-1]['accuracy']:.3f}" for u in units if u["train_accuracy"])
+    return "\n".join([f"# {Path(out).name}: preset {first['preset']}, trained at {first['train_len']} bytes, "
+                      f"device {first['device']}, torch {first['torch']}, commit {first['git_commit'][:12]}", "",
+                      f"exact match at the training length at the end of training: {trained}", "",
+                      markdown_table(rows)])

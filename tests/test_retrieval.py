@@ -1,0 +1,105 @@
+"""The passkey retrieval task and its runner (chapter 11)."""
+
+import math
+
+import pytest
+import torch
+
+from posenc_lab import PosencError, retrieval
+from posenc_lab.model import GPT, IGNORE, GPTConfig
+
+
+def windows(n=8, length=64, depth=None, seed=0):
+    return retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0, None])
+def test_passkey_is_planted_once_at_its_depth_and_asked_for_at_the_end(depth):
+    length = 64
+    x, y, key, start = windows(length=length, depth=depth)
+    haystack = length - retrieval.KEY_LEN
+    assert x.shape == y.shape == (8, length)
+    for row in range(8):
+        s = int(start[row])
+        assert x[row, s : s + 4].tolist() == key[row].tolist()
+        assert x[row, haystack] == retrieval.QUESTION and x[row, haystack + 1 :].tolist() == key[row, :3].tolist()
+        assert y[row, -4:].tolist() == key[row].tolist() and (y[row, :-4] == IGNORE).all()
+        for slot, alphabet in enumerate(retrieval.SLOTS):  # each passkey byte occurs in the haystack exactly once
+            in_haystack = torch.isin(x[row, :haystack], alphabet)
+            assert in_haystack.sum() == 1 and x[row, :haystack][in_haystack].item() == key[row, slot].item()
+    if depth is not None:
+        assert (start == round(depth * (haystack - 4))).all()
+
+
+def test_bad_windows_are_clear_errors():
+    with pytest.raises(PosencError, match="at least 8 bytes"):
+        windows(length=6)
+    with pytest.raises(PosencError, match=r"\[0, 1\]"):
+        windows(depth=1.5)
+
+
+def test_wilson_interval_known_values():
+    low, high = retrieval.wilson(50, 100)
+    assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
+    low, high = retrieval.wilson(0, 64)
+    assert low == 0.0 and high == pytest.approx(1.96**2 / (64 + 1.96**2))  # the closed form at p = 0
+    assert retrieval.wilson(64, 64)[1] == 1.0
+
+
+def test_exact_match_is_all_four_bytes():
+    class Oracle(torch.nn.Module):  # predicts the true next byte everywhere except one answer position
+        def __init__(self, targets, wrong_row=None):
+            super().__init__()
+            self.targets, self.wrong_row = targets, wrong_row
+
+        def forward(self, x):
+            logits = torch.zeros(*x.shape, 256)
+            t = self.targets.clamp(min=0)
+            logits.scatter_(-1, t[..., None], 1.0)
+            if self.wrong_row is not None:
+                logits[self.wrong_row, -2] = 0
+                logits[self.wrong_row, -2, 0] = 1.0
+            return logits
+
+    x, y, _, _ = windows()
+    assert retrieval.exact_match(Oracle(y), x, y).all()
+    hits = retrieval.exact_match(Oracle(y, wrong_row=3), x, y)
+    assert hits.tolist() == [True, True, True, False, True, True, True, True]
+
+
+def test_loss_is_on_the_answer_only():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=32, train_len=64))
+    x, y, _, _ = windows()
+    losses = model.token_losses(x, y)
+    assert (losses[:, :-4] == 0).all()
+    torch.testing.assert_close(model.loss(x, y), losses[:, -4:].mean())
+
+
+def test_retrieval_runs_every_encoding_end_to_end_and_resumes(tmp_path):
+    spec = retrieval.retrieval_preset("retrieval-ci")
+    rows = retrieval.run(spec, tmp_path, progress=False, log=lambda *a: None)
+    labels = {(r["encoding"], r["strategy"]) for r in rows}
+    assert {e for e, _ in labels} == set(spec.encodings)
+    assert {s for e, s in labels if e == "rope"} == set(spec.strategies)
+    cells = len(spec.multiples) * len(spec.depths)
+    assert len(rows) == (len(spec.encodings) - 1 + len(spec.strategies)) * cells
+    for r in rows:
+        if r["encoding"] == "learned" and r["multiple"] > 1:
+            assert r["status"] == "cannot extrapolate" and math.isnan(r["accuracy"])
+        else:
+            assert r["status"] == "ok" and 0 <= r["accuracy"] <= 1 and r["ci_low"] <= r["accuracy"] <= r["ci_high"]
+    assert "exact match" in retrieval.report(tmp_path)
+    again = retrieval.run(spec, tmp_path, progress=False, log=lambda *a: None)  # every unit is done: nothing reruns
+    assert again == rows
+    with pytest.raises(PosencError, match="different experiment"):
+        retrieval.run(retrieval.retrieval_preset("retrieval-ci", trials=5), tmp_path, progress=False, log=lambda *a: None)
+
+
+def test_bad_retrieval_specs_name_the_problem():
+    with pytest.raises(PosencError, match="multiples"):
+        retrieval.retrieval_preset("retrieval-ci", multiples=(0, 2))
+    with pytest.raises(PosencError, match="depths"):
+        retrieval.retrieval_preset("retrieval-ci", depths=(0.5, 2.0))
+    with pytest.raises(PosencError, match="valid retrieval presets"):
+        retrieval.retrieval_preset("huge")
