@@ -40,6 +40,13 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _distributed_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several processes (only under torchrun; see README 'Running on several GPUs')")
+    g.add_argument("--dist-backend", help="process-group backend: nccl (default on CUDA) or gloo (default on CPU)")
+    g.add_argument("--dist-timeout", type=float, default=300.0,
+                   help="seconds a process waits for the others before stopping with an error (default 300)")
+
+
 def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
@@ -91,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the training step (default: on CUDA, off on the CPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _distributed_options(r)
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
     from .retrieval import RETRIEVAL_PRESETS
@@ -116,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--trials", type=int, help="windows per (length, depth) cell")
     ret.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     ret.add_argument("--no-progress", action="store_true")
+    _distributed_options(ret)
 
     rep = sub.add_parser("report", help="tables and figures of a run folder")
     rep.add_argument("folder")
@@ -141,42 +150,15 @@ def _report(folder, figures: bool = True) -> str:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from . import experiment, report
+    from . import distributed, experiment, report
 
     try:
-        if args.command == "presets":
-            for name, spec in experiment.PRESETS.items():
-                print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-                      f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
-                      f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
-            from .retrieval import RETRIEVAL_PRESETS
+        if args.command in ("run", "retrieval") and distributed.launched_by_torchrun():
+            import torch
 
-            for name, spec in RETRIEVAL_PRESETS.items():
-                print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-                      f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
-                      f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
-                      f"per cell. {spec.notes}")
-            return 0
-        if args.command == "retrieval":
-            from . import retrieval
-
-            names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
-            spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
-            out = args.out or f"runs/{args.preset}"
-            retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
-            print(retrieval.report(out))
-            return 0
-        if args.command == "report":
-            print(_report(args.folder, figures=not args.no_figures))
-            return 0
-        overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
-                     if f.name not in ("preset", "notes")}
-        spec = experiment.preset(args.preset, **overrides)
-        out = args.out or f"runs/{args.preset}"
-        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
-        if not args.no_report:
-            print(_report(out))
-        return 0
+            distributed.init(torch.device(args.device) if args.device else None, backend=args.dist_backend,
+                             timeout_s=args.dist_timeout)
+        return _command(args, experiment, report)
     except (PosencError, TrainingDiverged) as err:
         print(f"posenc-lab: error: {err}", file=sys.stderr)
         return 2
@@ -184,6 +166,56 @@ def main(argv=None) -> int:
         print("posenc-lab: interrupted; finished units and the last checkpoint are kept: run the same command "
               "again to continue", file=sys.stderr)
         return 130
+    except RuntimeError as err:
+        if not distributed.active():
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"posenc-lab: error: process {distributed.rank()} of {distributed.world_size()} lost the other "
+              f"processes ({first}); finished units and the last checkpoint are kept: run the same command again "
+              "to continue", file=sys.stderr)
+        return 1
+    finally:
+        distributed.shutdown()
+
+
+def _command(args, experiment, report) -> int:
+    """Run one command of the parsed ``args``; errors propagate to :func:`main`."""
+    from . import distributed
+
+    if args.command == "presets":
+        for name, spec in experiment.PRESETS.items():
+            print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+                  f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
+                  f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
+        from .retrieval import RETRIEVAL_PRESETS
+
+        for name, spec in RETRIEVAL_PRESETS.items():
+            print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+                  f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
+                  f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
+                  f"per cell. {spec.notes}")
+        return 0
+    if args.command == "retrieval":
+        from . import retrieval
+
+        names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
+        spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+        out = args.out or f"runs/{args.preset}"
+        retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
+        if distributed.is_main():
+            print(retrieval.report(out))
+        return 0
+    if args.command == "report":
+        print(_report(args.folder, figures=not args.no_figures))
+        return 0
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
+                 if f.name not in ("preset", "notes")}
+    spec = experiment.preset(args.preset, **overrides)
+    out = args.out or f"runs/{args.preset}"
+    experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+    if not args.no_report and distributed.is_main():
+        print(_report(out))
+    return 0
 
 
 if __name__ == "__main__":

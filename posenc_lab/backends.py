@@ -373,6 +373,39 @@ def first_kernel_that_compiles(key: str, call: Callable, fallback: Callable):
 _BACKEND_FNS = {"reference": _reference, "sdpa": _sdpa, "flex": _flex}
 
 
+class KVCache:
+    """One layer's key/value cache for incremental decoding: keys, values and their positions so far.
+
+    Keys are stored rotated, once, when they enter (RoPE, xPos): a cache never re-rotates them. That
+    is why dynamic NTK in its ``"sequence"`` form (every key re-rotated with the current base) cannot
+    be served by a cache at all: re-rotating the cached keys of the first layer would not be enough,
+    because every deeper layer's keys and values were computed from the earlier layers' outputs
+    under the old base.
+    """
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[-1]
+
+    def next_positions(self, n: int, device) -> torch.Tensor:
+        """The positions of ``n`` new tokens: they continue from the last cached one (from 0 when empty)."""
+        start = 0 if self.positions is None else int(self.positions[-1]) + 1
+        return torch.arange(start, start + n, device=device)
+
+    def append(self, k, v, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append the new keys, values (``b h n d``) and positions (``n``); returns everything cached."""
+        if self.k is None:
+            self.k, self.v, self.positions = k, v, positions
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+            self.positions = torch.cat([self.positions, positions])
+        return self.k, self.v, self.positions
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -382,6 +415,7 @@ def attention(
     backend: str = "auto",
     causal: bool = True,
     positions: torch.Tensor | None = None,
+    cache: KVCache | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
@@ -390,10 +424,26 @@ def attention(
     ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
     bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
     one-directional T5 bias have no non-causal form and refuse it.
+
+    With a :class:`KVCache`, ``q, k, v`` are the *new* tokens (default positions: continuing the
+    cache): their keys and values are appended, and the new queries attend to every cached key
+    (causally: each to the keys up to its own position), through the same backends.
     """
     if backend not in BACKENDS:
         raise unknown_name("attention backend", backend, BACKENDS)
     encoding = _NOPE if encoding is None else encoding
+    if cache is not None:
+        if positions is None:
+            positions = cache.next_positions(q.shape[-2], q.device)
+        positions = _check_inputs(q, k, v, positions)
+        if backend == "auto":
+            backend = choose_backend(encoding, q.device)
+        if not encoding.cacheable:
+            raise PosencError("this encoding re-rotates every key at every step (dynamic NTK in its 'sequence' "
+                              "form), which a key/value cache cannot serve: run without a cache, or use dynamic='cache'")
+        q = encoding.rotate_one(q, positions, "q")
+        k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k"), v, positions)
+        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, positions, k_pos, causal)
     positions = _check_inputs(q, k, v, positions)
     if not causal and not encoding.noncausal:
         hint = " (build it with bidirectional=True)" if encoding.name == "t5" else ""

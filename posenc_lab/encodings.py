@@ -67,6 +67,9 @@ class Encoding(nn.Module):
     def has_bias(self) -> bool:
         return self.hook == "bias"
 
+    #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
+    cacheable = True
+
     #: whether the encoding has a defined form for non-causal (bidirectional) attention
     noncausal = True
 
@@ -153,6 +156,11 @@ class Learned(Encoding):
         super().__init__()
         self.table = absolute.LearnedPositions(max_len, d_model)
 
+    @property
+    def max_positions(self) -> int:
+        """The number of positions the table has: positions ``0 .. max_positions - 1``."""
+        return self.table.max_len
+
     def embed(self, x, positions):
         return x + self.table(positions).to(x.dtype)
 
@@ -223,6 +231,10 @@ class RoPE(Encoding):
     def rotate_one(self, x, positions, role):
         cos, sin = self.spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
         return rope.rotate_with(x, cos, sin, self.layout)
+
+    @property
+    def cacheable(self) -> bool:
+        return not (self.scaling == "dynamic-ntk" and self.dynamic == "sequence")
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"

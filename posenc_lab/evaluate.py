@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .errors import PosencError, PositionOutOfRange, check_positive
+from . import distributed
 from .train import autocast, clear_oom, flush_denormals
 
 MODES = ("nonoverlapping", "sliding")
@@ -41,6 +42,11 @@ def window_plan(tokens: int, length: int, mode: str, stride: int | None = None) 
     if stride > length or (tokens - length) % stride:
         raise PosencError(f"stride {stride} must be at most the length {length} and divide tokens - length = {tokens - length}")
     return [(0, 0)] + [(end - length, length - stride) for end in range(length + stride, tokens + 1, stride)]
+
+
+def _cannot_extrapolate(reason: str, t0: float) -> dict:
+    return {"status": "cannot extrapolate", "reason": reason, "loss": math.nan, "perplexity": math.nan,
+            "bits_per_byte": math.nan, "tokens": 0, "seconds": time.perf_counter() - t0, "per_position": None}
 
 
 @torch.no_grad()
@@ -68,26 +74,35 @@ def evaluate(
         raise PosencError(f"the evaluation text has {len(stream)} bytes; {tokens + 1} are needed")
     plan = window_plan(tokens, length, mode, stride)
     model.eval().to(device)
-    total, count = 0.0, 0
-    position_sum = torch.zeros(length, dtype=torch.float64)
-    position_windows = 0
     t0 = time.perf_counter()
+    limit = getattr(model.encoding, "max_positions", None)
+    if limit is not None and length > limit:
+        return _cannot_extrapolate(f"a learned position table of {limit} positions cannot score windows of {length}", t0)
     batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
+    scored = []  # (window index, summed loss of its scored targets, its per-position losses or None)
     try:
         with flush_denormals():
-            for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+            # under torchrun each process scores every world-th batch; the same batches as on one process,
+            # so every window's losses are bit for bit the single-process ones
+            for b, batch in tqdm(distributed.my_share(batches), desc=desc, leave=False,
+                                 disable=not progress or not distributed.is_main()):
                 windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
                 with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
                     losses = model.token_losses(windows[:, :-1], windows[:, 1:]).double().cpu()  # b n
-                for row, (_, first) in zip(losses, batch):
-                    total += row[first:].sum().item()
-                    count += length - first
-                    if first == 0:
-                        position_sum += row
-                        position_windows += 1
+                for w, (row, (_, first)) in enumerate(zip(losses, batch)):
+                    per_position = row if first == 0 else None
+                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position)))
     except PositionOutOfRange as err:
-        return {"status": "cannot extrapolate", "reason": str(err), "loss": math.nan, "perplexity": math.nan,
-                "bits_per_byte": math.nan, "tokens": 0, "seconds": time.perf_counter() - t0, "per_position": None}
+        return _cannot_extrapolate(str(err), t0)
+    total, count = 0.0, 0
+    position_sum = torch.zeros(length, dtype=torch.float64)
+    position_windows = 0
+    for summed, n, row in distributed.gather_in_order(scored):  # summed in the single-process order
+        total += summed
+        count += n
+        if row is not None:
+            position_sum += row
+            position_windows += 1
     if count != tokens:  # the plan's arithmetic, checked rather than trusted
         raise AssertionError(f"scored {count} tokens, expected {tokens}")
     loss = total / count

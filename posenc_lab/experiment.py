@@ -14,6 +14,7 @@ import copy
 import csv
 import io
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from . import __version__, distributed
 from .data import Corpus, load_corpus
 from .encodings import ENCODINGS
 from .errors import PosencError, check_positive, unknown_name
@@ -161,9 +162,10 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    processes = f" x {distributed.world_size()} processes" if distributed.active() else ""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        return torch.cuda.get_device_name(device) + processes
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads){processes}"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -244,7 +246,8 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
             rows += [{**base, "strategy": name, "finetune_steps": spec.finetune_steps, "finetune_tokens": ft["train_tokens"],
                       "finetune_len": spec.finetune_len, **r} for r in evaluated]
             curves[name] = per_position
-    save_atomic(model.state_dict(), out / "models" / f"{encoding}-s{seed}.pt")
+    if distributed.is_main():
+        save_atomic(model.state_dict(), out / "models" / f"{encoding}-s{seed}.pt")
     return {"encoding": encoding, "seed": seed, "rows": rows, "per_position": curves,
             "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model)}
 
@@ -273,7 +276,9 @@ def prepare(out: Path, config: dict) -> None:
         if json.loads(json.dumps(config)) != {k: previous.get(k) for k in config}:
             raise PosencError(f"{out} holds a different experiment (its config.json differs): use a new --out, "
                               "or the same options to continue it")
-    write_atomic(config_path, json.dumps(config, indent=1))
+    distributed.barrier()  # every process has read the old config before the main one rewrites it
+    if distributed.is_main():
+        write_atomic(config_path, json.dumps(config, indent=1))
 
 
 def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=None, log=print) -> None:
@@ -283,6 +288,7 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
     interrupted run continues from the units already done; its checkpoints are then deleted (its
     final weights stay in ``out/models``). ``after_each(out)`` runs after every unit (the tables).
     """
+    log = log if distributed.is_main() else (lambda *a: None)
     for i, (encoding, seed) in enumerate(units, 1):
         path = out / "units" / f"{encoding}-s{seed}.json"
         if path.exists():
@@ -292,11 +298,13 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
         t0 = time.perf_counter()
         record = run_one(encoding, seed)
         record["seconds"] = round(time.perf_counter() - t0, 1)
-        write_atomic(path, json.dumps(record))
-        for ckpt in (out / "checkpoints").glob(f"{encoding}-s{seed}*.pt"):
-            ckpt.unlink()  # the unit is done: its training state is no longer needed (weights are in models/)
-        if after_each is not None:
-            after_each(out)
+        if distributed.is_main():  # one process writes; the others wait for the file before going on
+            write_atomic(path, json.dumps(record))
+            for ckpt in (out / "checkpoints").glob(f"{encoding}-s{seed}*.pt"):
+                ckpt.unlink()  # the unit is done: its training state is no longer needed (weights are in models/)
+            if after_each is not None:
+                after_each(out)
+        distributed.barrier()
 
 
 def run_context(spec, corpus: Corpus, device: torch.device) -> dict:
@@ -311,6 +319,8 @@ def resolve_device(device: str | None) -> torch.device:
     device = torch.device(device) if device else default_device()
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PosencError("--device cuda was asked for, but this torch sees no CUDA GPU")
+    if distributed.active() and device.type == "cuda":  # under torchrun: this process's own GPU
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return device
 
 
@@ -330,5 +340,6 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, eval_stream, out, device, progress, common),
               after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)
-    write_table(out, rows)
+    if distributed.is_main():
+        write_table(out, rows)
     return rows

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .backends import attention
+from .backends import KVCache, attention
 from .encodings import make_encoding
 from .errors import PosencError, check_positive
 
@@ -55,9 +55,9 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x, encoding, positions):
+    def forward(self, x, encoding, positions, cache=None):
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
-        y = attention(q, k, v, encoding, backend=self.backend, positions=positions)  # b h n d
+        y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 
@@ -69,8 +69,8 @@ class Block(nn.Module):
         hidden = cfg.mlp_ratio * cfg.d_model
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, hidden), nn.GELU(), nn.Linear(hidden, cfg.d_model))
 
-    def forward(self, x, encoding, positions):
-        x = x + self.attn(self.ln1(x), encoding, positions)
+    def forward(self, x, encoding, positions, cache=None):
+        x = x + self.attn(self.ln1(x), encoding, positions, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -101,15 +101,118 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids ``b n`` -> next-token logits ``b n vocab``."""
+    def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None) -> torch.Tensor:
+        """Token ids ``b n`` -> next-token logits ``b n vocab``.
+
+        With ``cache`` (one :class:`KVCache` per layer, from :meth:`new_cache`), ``idx`` are the next
+        tokens after those already cached: their positions continue from the cache, and the caches grow.
+        """
         if idx.dim() != 2:
             raise PosencError(f"token ids must be 2-d (batch, positions), got shape {tuple(idx.shape)}")
-        positions = torch.arange(idx.shape[1], device=idx.device)  # one tensor: the encoding's tables are built once
+        start = 0 if not cache else len(cache[0])
+        # one tensor for every layer: the encoding's tables are built once per forward
+        positions = torch.arange(start, start + idx.shape[1], device=idx.device)
         x = self.encoding.embed(self.tok_emb(idx), positions)
-        for block in self.blocks:
-            x = block(x, self.encoding, positions)
+        for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
+            x = block(x, self.encoding, positions, layer_cache)
         return self.head(self.ln_f(x))
+
+    def new_cache(self) -> list[KVCache]:
+        """An empty key/value cache, one per layer."""
+        return [KVCache() for _ in self.blocks]
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, cache: bool | None = None, dynamic: str | None = None,
+                 return_logits: bool = False):
+        """Continue ``prompt`` (token ids ``b n`` or ``n``) by ``max_new_tokens`` tokens.
+
+        ``temperature=0`` is greedy decoding; otherwise tokens are sampled from
+        ``softmax(logits / temperature)``, restricted to the ``top_k`` most likely when given.
+        ``cache=True`` (the default) decodes incrementally with a key/value cache (:class:`KVCache`): the
+        prompt is run once, then one token at a time, each attending to the cached keys through the
+        same :func:`attention`. ``cache=False`` recomputes the whole sequence at every step (the
+        reference the cache is tested against).
+
+        RoPE strategies whose factor follows the length (``pi``, ``ntk``, ``yarn`` with ``factor=None``)
+        are fixed for the whole call at the final length ``n + max_new_tokens``, as a deployed model
+        fixes its scaling factor: a factor that changed from token to token would leave the cached
+        keys rotated with an older one. Dynamic NTK changes its base by design; ``dynamic`` chooses
+        its form for this call: ``"cache"`` (each key keeps the rotation of the length at which it
+        entered the cache: what a cache computes, and what the experiment evaluates) or
+        ``"sequence"`` (every key re-rotated with the current base at every step: what a fresh
+        forward pass computes); default: the encoding's own (``"cache"`` unless set otherwise). The
+        ``"sequence"`` form recomputes the whole sequence at every step: no cache can serve it, since
+        every layer's keys depend on the earlier layers' outputs, which change with the base.
+
+        Returns the tokens ``b (n + max_new_tokens)`` (and, with ``return_logits``, the logits that chose
+        each new token, ``b max_new_tokens vocab``). A learned position table stops with a clear error
+        at its end.
+        """
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise PosencError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise PosencError(f"temperature must be a number >= 0, got {temperature!r}")
+        prompt = prompt[None] if prompt.dim() == 1 else prompt
+        if prompt.dim() != 2 or prompt.shape[1] == 0:
+            raise PosencError(f"the prompt must hold at least one token (shape b x n, n >= 1), got {tuple(prompt.shape)}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise PosencError(f"top_k must be a positive integer, got {top_k!r}")
+        was_training = self.training
+        self.eval()
+        restore = self._fix_scaling(prompt.shape[1] + max_new_tokens, dynamic)
+        if cache is None:
+            cache = self.encoding.cacheable
+        elif cache and not self.encoding.cacheable:
+            restore()
+            raise PosencError("dynamic NTK in its 'sequence' form re-rotates every key at every step, which no "
+                              "key/value cache can serve: generate with cache=False (or leave cache unset)")
+        try:
+            tokens, chosen = prompt, []
+            caches = self.new_cache() if cache else None
+            step_input = prompt
+            for _ in range(max_new_tokens):
+                logits = self(step_input, cache=caches)[:, -1] if cache else self(tokens)[:, -1]
+                logits = logits.float()
+                chosen.append(logits)
+                nxt = self._pick(logits, temperature, top_k, generator)
+                tokens = torch.cat([tokens, nxt], dim=1)
+                step_input = nxt
+        finally:
+            restore()
+            self.train(was_training)
+        if return_logits:
+            empty = torch.empty(prompt.shape[0], 0, self.cfg.vocab_size, device=prompt.device)
+            return tokens, torch.stack(chosen, dim=1) if chosen else empty
+        return tokens
+
+    @staticmethod
+    def _pick(logits, temperature, top_k, generator):
+        if temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / temperature
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+    def _fix_scaling(self, final_len: int, dynamic: str | None):
+        """Fix a length-following RoPE factor at ``final_len`` (and a dynamic-NTK form) for one call; returns
+        the function that restores the encoding as it was."""
+        enc = self.encoding
+        if enc.name != "rope":
+            return lambda: None
+        saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
+        factor = enc.factor
+        if enc.scaling in ("pi", "ntk", "yarn") and factor is None:
+            factor = max(1.0, final_len / enc.train_len)
+        enc.set_scaling(enc.scaling, factor, dynamic=dynamic or enc.dynamic, **enc.scaling_options)
+
+        def restore():
+            enc.set_scaling(saved[0], saved[1], dynamic=saved[3], **saved[2])
+
+        return restore
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``)."""

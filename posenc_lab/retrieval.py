@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from . import distributed
 from .encodings import ENCODINGS
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
@@ -233,8 +234,9 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
                                                                      f"{encoding}/{strategy}")]
     if encoding == "rope":
         model.encoding.set_scaling("none")
-    save_atomic({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
-                out / "models" / f"{encoding}-s{seed}.pt")
+    if distributed.is_main():
+        save_atomic({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
+                    out / "models" / f"{encoding}-s{seed}.pt")
     return {"encoding": encoding, "seed": seed, "rows": rows, "train_losses": [round(x, 4) for x in trained["losses"]],
             "train_accuracy": curve}
 
@@ -265,7 +267,8 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
     run_units(out, units, lambda e, s: run_retrieval_unit(spec, e, s, out, device, progress, common),
               after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)
-    write_table(out, rows)
+    if distributed.is_main():
+        write_table(out, rows)
     return rows
 
 

@@ -73,8 +73,9 @@ def _position_interpolation(dim, base, factor, train_len, seq_len):
     """Position interpolation (Chen et al. 2023): position ``m`` is read as ``m / s``.
 
     Dividing every position by ``s`` is the same as dividing every frequency by ``s``:
-    ``theta_i' = theta_i / s``, so a sequence ``s`` times the training length is rotated
-    only through angles seen in training.
+    ``theta_i' = theta_i / s``. A sequence of ``s L`` positions then reads its last position as
+    ``(s L - 1) / s = L - 1/s``: at most ``1 - 1/s`` of a position past the last one seen in training,
+    so every angle stays below ``L theta_i`` (chapter 4 checks the exact bound).
     """
     return inv_freq(dim, base) / factor, 1.0
 
@@ -123,17 +124,19 @@ def yarn_ramp(
 ) -> torch.Tensor:
     """YaRN's per-pair extrapolation weight ``gamma_i`` in [0, 1] (Peng et al. 2023, "NTK-by-parts").
 
-    ``r_i = train_len / wavelength_i`` is how many full turns pair ``i`` makes within the training
-    length. Pairs with ``r_i > beta_fast`` are kept as trained (``gamma = 1``, extrapolate), pairs with
-    ``r_i < beta_slow`` are interpolated like PI (``gamma = 0``). In between, two ramps exist:
+    ``rho_i = train_len / wavelength_i`` (the book's notation; the paper's ``r``) is how many full turns
+    pair ``i`` makes within the training length. Pairs with ``rho_i > beta_fast`` are kept as trained
+    (``gamma = 1``, extrapolate), pairs with ``rho_i < beta_slow`` are interpolated like PI (``gamma = 0``).
+    In between, two ramps exist:
 
     * ``ramp="index"`` (the default: the YaRN authors' code, Hugging Face ``transformers`` and the
       released YaRN / Qwen / DeepSeek checkpoints): ``gamma`` falls linearly in the pair *index*,
       ``gamma_i = 1 - clamp((i - lo) / (hi - lo), 0, 1)``, between ``lo = max(floor(i(beta_fast)), 0)``
       and ``hi = min(ceil(i(beta_slow)), d - 1)``, where ``i(r) = d ln(L / (2 pi r)) / (2 ln base)`` is
-      the fractional pair making exactly ``r`` turns in ``L`` positions (``hi`` is capped at ``d - 1``
-      as in that code, not at the last pair ``d/2 - 1``; a zero-width ramp gets ``hi = lo + 0.001``);
-    * ``ramp="rotations"`` (the paper's equation): ``gamma = clamp((r - beta_slow) / (beta_fast - beta_slow), 0, 1)``,
+      the fractional pair making exactly ``rho`` turns in ``L`` positions (``hi`` is capped at ``d - 1``
+      as in that code, not at the last pair ``d/2 - 1``; a zero-width ramp gets ``hi = lo + 0.001``).
+      Because ``lo`` is clamped at 0, pair 0 is always kept, even when it makes fewer than ``beta_fast`` turns;
+    * ``ramp="rotations"`` (the paper's equation): ``gamma = clamp((rho - beta_slow) / (beta_fast - beta_slow), 0, 1)``,
       linear in the number of turns.
 
     Both agree outside the transition band; inside it, the index ramp is what a model trained or

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from . import distributed
 from .data import batch_at
 from .errors import PosencError, TrainingDiverged, check_positive
 
@@ -119,6 +120,17 @@ def clear_oom(what: str):
         raise PosencError(f"out of GPU memory {what}: lower the batch size (--batch-size) or the length") from None
 
 
+class _Loss(torch.nn.Module):
+    """The model's training loss as a module's forward, for ``DistributedDataParallel`` to wrap."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        return self.model.loss(x, y)
+
+
 def train(
     model,
     stream: torch.Tensor | None,
@@ -161,15 +173,18 @@ def train(
             extra_state[:] = saved.get("extra", [])
 
     def save():
-        if checkpoint is not None:
+        if checkpoint is not None and distributed.is_main():
             save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
                          "state": state, "train_config": cfg.to_dict(), "model_config": model.cfg.to_dict(),
                          "extra": list(extra_state or [])}, checkpoint)
 
     model.train()
-    loss_fn = torch.compile(model.loss) if compile else model.loss
+    distributed.check_divisible(cfg.batch_size)
+    # under torchrun the loss is computed through DistributedDataParallel, which averages the gradients
+    loss_fn = distributed.wrap(_Loss(model), device) if distributed.active() else model.loss
+    loss_fn = torch.compile(loss_fn) if compile else loss_fn
     bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc=desc,
-               disable=not progress, dynamic_ncols=True, mininterval=1.0)
+               disable=not progress or not distributed.is_main(), dynamic_ncols=True, mininterval=1.0)
     tokens_per_step = cfg.batch_size * length
     if batches is None:
         if stream is None:
@@ -185,11 +200,11 @@ def train(
             t0 = time.perf_counter()
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            x, y = (t.to(device) for t in batches(step))
+            x, y = (t.to(device) for t in distributed.shard_rows(*batches(step)))
             with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
                 with autocast(device):
                     loss = loss_fn(x, y)
-                value = loss.item()
+                value = distributed.mean_over_processes(loss.detach()).item()
                 if not math.isfinite(value):
                     where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
                     raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
