@@ -148,13 +148,14 @@ def preset(name: str, **overrides) -> Spec:
 
 
 def git_commit() -> str:
-    """The package checkout's commit, ``-dirty`` when it has uncommitted changes, or ``unknown``."""
+    """The package checkout's commit, ``-dirty`` when the package's own source has uncommitted changes
+    (the results depend on it; edits elsewhere in the repository do not make a run dirty), or ``unknown``."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if commit.returncode:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=here,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return commit.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
