@@ -1,7 +1,7 @@
 """Absolute position encodings: a vector added to each token embedding.
 
-Sinusoidal (Vaswani et al. 2017), in the paper's interleaved convention:
-``PE[p, 2i] = sin(p * w_i)``, ``PE[p, 2i+1] = cos(p * w_i)``, ``w_i = base ** (-2i / d)``.
+Sinusoidal (Vaswani et al. 2017), in the paper's interleaved convention and the book's notation:
+``PE[m, 2i] = sin(m theta_i)``, ``PE[m, 2i+1] = cos(m theta_i)``, ``theta_i = b ** (-2i / d)`` (base ``b``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from .errors import PositionOutOfRange, check_even, check_positive
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """``w_i = base ** (-2i / d)`` for ``i = 0 .. d/2 - 1`` in float64."""
+    """``theta_i = b ** (-2i / d)`` for ``i = 0 .. d/2 - 1`` in float64 (``b`` is ``base``)."""
     check_even("sinusoidal dimension", dim)
     check_positive("sinusoidal base", base)
     return float(base) ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """``PE[p] = (sin(p w_0), cos(p w_0), sin(p w_1), cos(p w_1), ...)`` for positions ``... n``: ``... n d``, float64."""
+    """``PE[m] = (sin(m theta_0), cos(m theta_0), sin(m theta_1), ...)`` for positions ``... n``: ``... n d``, float64."""
     angles = einsum(positions.to(torch.float64), sinusoidal_frequencies(dim, base), "... n, f -> ... n f")
     return rearrange([angles.sin(), angles.cos()], "r ... f -> ... (f r)")
 
@@ -33,10 +33,11 @@ def sinusoidal_table(num_positions: int, dim: int, base: float = 10000.0) -> tor
 
 
 def sinusoidal_shift(offset: int, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The ``d x d`` matrix ``M_k`` with ``PE(p + k) = M_k PE(p)`` for every ``p`` (Vaswani et al. 2017, sec. 3.5).
+    """The ``d x d`` matrix ``M_k`` with ``PE(n + k) = M_k PE(n)`` for every ``n`` (Vaswani et al. 2017, sec. 3.5).
 
-    It is block-diagonal: block ``i`` is the rotation ``[[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]]``,
-    from the angle-addition formulas ``sin(a + b) = sin a cos b + cos a sin b``, ``cos(a + b) = cos a cos b - sin a sin b``.
+    It is block-diagonal: block ``i`` is ``[[cos k theta_i, sin k theta_i], [-sin k theta_i, cos k theta_i]]``,
+    from the angle-addition formulas ``sin(x + y) = sin x cos y + cos x sin y`` and
+    ``cos(x + y) = cos x cos y - sin x sin y``.
     """
     w = sinusoidal_frequencies(dim, base) * offset
     c, s = w.cos(), w.sin()

@@ -1,8 +1,9 @@
-"""Score biases: a number ``b[h, i, j]`` added to the attention logit of query ``i`` and key ``j`` in head ``h``.
+"""Score biases: a number ``b[h, m, n]`` added to the attention logit of query ``m`` and key ``n`` in head ``h``.
 
-Conventions: positions are absolute token indices; the *distance* is ``i - j >= 0`` for the keys a
-causal query can see. T5 states its buckets in terms of ``relative_position = key - query = j - i``,
-as in the original Mesh TensorFlow code; everything else here is written in ``i - j``.
+Conventions (the book's notation): positions are absolute token indices, ``m`` the query's and ``n``
+the key's; the *distance* is ``m - n >= 0`` for the keys a causal query can see. T5 states its
+buckets in terms of ``r = relative_position = key - query = n - m``, as in the original Mesh
+TensorFlow code; everything else here is written in ``m - n``.
 Each bias is a pure function of the positions (plus the encoding's parameters), so the same
 function fills a materialized ``h x n x n`` tensor and, in :mod:`posenc_lab.backends`, a
 FlexAttention ``score_mod`` that never materializes one.
@@ -26,7 +27,7 @@ def check_heads(num_heads) -> None:
 
 
 def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """``i - j`` for every query position ``i`` and key position ``j``: shape ``nq x nk``."""
+    """``m - n`` for every query position ``m`` and key position ``n``: shape ``nq x nk``."""
     return rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j")
 
 
@@ -39,11 +40,11 @@ def _geometric_slopes(n: int) -> list[float]:
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi head slopes (Press et al. 2022), float64.
+    """ALiBi head slopes ``mu_h`` (Press et al. 2022), float64.
 
-    For ``n`` a power of two: the geometric sequence ``2^(-8/n), 2^(-16/n), ..., 2^(-8)``.
+    For ``H`` heads, ``H`` a power of two: the geometric sequence ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``.
     Otherwise, as in the paper's reference code: the ``p`` slopes of the largest power of two
-    ``p < n``, then the first ``n - p`` of every other slope of ``2p`` heads
+    ``p < H``, then the first ``H - p`` of every other slope of ``2p`` heads
     (``2^(-4/p), 2^(-12/p), ...``: the ones that interleave with the first ``p``).
     """
     check_heads(num_heads)
@@ -53,7 +54,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """``b[h, i, j] = -m_h |i - j|``: a penalty linear in distance (``m_h (j - i)`` for the causal keys ``j <= i``)."""
+    """``b[h, m, n] = -mu_h |m - n|``: a penalty linear in the distance (both sides, for non-causal attention)."""
     return -rearrange(slopes, "h -> h 1 1") * distances(q_pos, k_pos).abs()
 
 
@@ -69,31 +70,31 @@ def t5_bucket(
 ) -> torch.Tensor:
     """T5's relative-position bucket (Raffel et al. 2020) for ``relative_position = key - query``.
 
-    Let ``n = query - key``. Bidirectional: half the buckets are for keys after the query
-    (``n < 0``, offset by ``num_buckets / 2``) and ``n`` becomes ``|n|``; causal: ``n = max(n, 0)``.
-    With ``B`` buckets left per direction, distances ``n < B/2`` each get their own bucket; larger ones
-    share logarithmically wider buckets,
-    ``B/2 + floor(ln(n / (B/2)) / ln(max_distance / (B/2)) * (B - B/2))``, capped at ``B - 1``.
+    Let ``delta = -r = query - key`` (the distance ``m - n``). Bidirectional: half the buckets are for
+    keys after the query (``delta < 0``, offset by ``num_buckets / 2``) and ``delta`` becomes ``|delta|``;
+    causal: ``delta = max(delta, 0)``. With ``B`` buckets left per direction, distances ``delta < B/2``
+    each get their own bucket; larger ones share logarithmically wider buckets,
+    ``B/2 + floor(ln(delta / (B/2)) / ln(max_distance / (B/2)) * (B - B/2))``, capped at ``B - 1``.
     """
     if num_buckets < 2 or (bidirectional and num_buckets < 4):
         raise PosencError(f"num_buckets too small for T5 buckets: {num_buckets}")
-    n = -relative_position.long()
-    bucket = torch.zeros_like(n)
+    delta = -relative_position.long()
+    bucket = torch.zeros_like(delta)
     if bidirectional:
         num_buckets //= 2
-        bucket = bucket + (n < 0).long() * num_buckets
-        n = n.abs()
+        bucket = bucket + (delta < 0).long() * num_buckets
+        delta = delta.abs()
     else:
-        n = n.clamp(min=0)
+        delta = delta.clamp(min=0)
     exact = num_buckets // 2
-    # clamp before the log so that n = 0 (where the exact branch is taken anyway) stays finite
-    log_ratio = torch.log(n.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
+    # clamp before the log so that delta = 0 (where the exact branch is taken anyway) stays finite
+    log_ratio = torch.log(delta.clamp(min=exact).double() / exact) / math.log(max_distance / exact)
     large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
-    return bucket + torch.where(n < exact, n, large)
+    return bucket + torch.where(delta < exact, delta, large)
 
 
 class T5Bias(nn.Module):
-    """A learned bias per head and bucket: ``b[h, i, j] = table[bucket(j - i), h]``, shared by all layers as in T5."""
+    """A learned bias per head and bucket: ``b[h, m, n] = table[bucket(n - m), h]``, shared by all layers as in T5."""
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
         super().__init__()
@@ -117,7 +118,7 @@ class T5Bias(nn.Module):
 
 
 def kerple_log_bias(r1: torch.Tensor, r2: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)`` with ``r1, r2 > 0``.
+    """KERPLE-log (Chi et al. 2022): ``b[h, m, n] = -r1_h ln(1 + r2_h |m - n|)`` with ``r1, r2 > 0``.
 
     A conditionally positive definite kernel turned into a bias: logarithmic, so it penalises far
     keys far less than ALiBi's linear penalty does.
@@ -157,12 +158,13 @@ FIRE_EPS = 1e-6
 
 def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor,
                eps: float = FIRE_EPS) -> torch.Tensor:
-    """FIRE's normalised distance ``psi(i - j) / (psi(max(L, i)) + eps)`` with ``psi(x) = ln(c x + 1)`` (Li et al. 2023).
+    """FIRE's normalised distance ``psi(m - n) / (psi(max(L~, m)) + eps)``, ``psi(x) = ln(c x + 1)`` (Li et al. 2023).
 
-    For the causal keys ``0 <= i - j <= i`` it lies in [0, 1] at every length: that is how FIRE
+    ``L~`` is FIRE's learned threshold (``threshold``). For the causal keys ``0 <= m - n <= m`` the
+    input lies in [0, 1] at every length: that is how FIRE
     interpolates rather than extrapolates. (Future keys are clamped to distance 0; they are masked.)
     ``eps`` (:data:`FIRE_EPS`) keeps the quotient finite when ``c`` underflows to 0; for the trained
-    ``c`` and ``L`` of our runs, ``psi(L)`` is above 1 and ``eps`` changes the input by under 1e-6.
+    ``c`` and ``L~`` of our runs, ``psi(L~)`` is above 1 and ``eps`` changes the input by under 1e-6.
     """
     d = distances(q_pos, k_pos).clamp(min=0).to(c.dtype)
     i = rearrange(q_pos, "i -> i 1").to(c.dtype)
@@ -170,10 +172,10 @@ def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, thresh
 
 
 class FIRE(nn.Module):
-    """FIRE: ``b[h, i, j] = f_theta(psi(i - j) / psi(max(L, i)))[h]``, ``f_theta`` a 1 -> hidden -> heads ReLU MLP.
+    """FIRE: ``b[h, m, n] = f_theta(psi(m - n) / psi(max(L~, m)))[h]``, ``f_theta`` a 1 -> hidden -> heads ReLU MLP.
 
-    ``c > 0`` and the threshold ``L > 0`` are learned (through a softplus). Our initialisation:
-    ``c = 1``, ``L = init_threshold`` (the training length when built through the registry).
+    ``c > 0`` and the threshold ``L~ > 0`` are learned (through a softplus). Our initialisation:
+    ``c = 1``, ``L~ = init_threshold`` (the training length when built through the registry).
     """
 
     def __init__(self, num_heads: int, *, hidden: int = 32, init_c: float = 1.0, init_threshold: float = 512.0):

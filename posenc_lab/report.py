@@ -121,15 +121,17 @@ def report(out: Path | str) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``mean(A) - mean(B)``, its standard error, and whether it is resolved under :data:`RULE`."""
+    """``mean(A) - mean(B)``, its standard error, and whether it is resolved under :data:`RULE`
+    (``z`` standard errors; the rule's 2 unless a caller asks for stricter)."""
 
     diff: float
     se: float
     n: tuple[int, int]
+    z: float = 2.0
 
     @property
     def resolved(self) -> bool:
-        return min(self.n) > 1 and not math.isnan(self.se) and abs(self.diff) > 2 * self.se
+        return min(self.n) > 1 and not math.isnan(self.se) and abs(self.diff) > self.z * self.se
 
     @property
     def sign(self) -> str:
@@ -137,18 +139,21 @@ class Comparison:
         return ("<" if self.diff < 0 else ">") if self.resolved else "~"
 
 
-def compare(a, b) -> Comparison:
+def compare(a, b, *, z: float = 2.0) -> Comparison:
     """Compare two samples (values over seeds) under :data:`RULE`; ``b`` may be a number (a threshold)."""
     a = np.asarray(a, dtype=float)
     b_values = np.asarray([b] if np.isscalar(b) else b, dtype=float)
     a, b_values = a[~np.isnan(a)], b_values[~np.isnan(b_values)]
     if not len(a) or not len(b_values):
-        return Comparison(math.nan, math.nan, (len(a), len(b_values)))
+        return Comparison(math.nan, math.nan, (len(a), len(b_values)), z)
     var_a = a.var(ddof=1) / len(a) if len(a) > 1 else math.nan
     if np.isscalar(b):
-        return Comparison(a.mean() - float(b), math.sqrt(var_a) if len(a) > 1 else math.nan, (len(a), math.inf))
+        return Comparison(a.mean() - float(b), math.sqrt(var_a) if len(a) > 1 else math.nan, (len(a), math.inf), z)
     var_b = b_values.var(ddof=1) / len(b_values) if len(b_values) > 1 else math.nan
-    return Comparison(a.mean() - b_values.mean(), math.sqrt(var_a + var_b), (len(a), len(b_values)))
+    return Comparison(a.mean() - b_values.mean(), math.sqrt(var_a + var_b), (len(a), len(b_values)), z)
+
+
+_compare = compare
 
 
 def verdict(comparisons: list[Comparison], want: str) -> str:
@@ -182,15 +187,19 @@ def _fmt(values: pd.Series) -> str:
     return f"{values.mean():.3f} ± {values.std():.3f}" if len(values) > 1 else f"{values.mean():.3f}"
 
 
-def claims(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
+def claims(rows, mode: str, *, judged_len: int = 2048, z: float = 2.0) -> list[dict]:
     """The article's three claims and the ALiBi paper's ordering, judged at ``judged_len`` in one mode.
 
     ``judged_len`` is the article's 4x of 512 (2048); the claims speak of "beyond training", and each
     verdict names the length it used. Every verdict states its criterion, the numbers (mean ± std
     over seeds) and the decision rule, so a reader can disagree with the criterion without having to
-    trust the conclusion.
+    trust the conclusion. ``z`` is the rule's number of standard errors (2).
     """
     df = frame(rows)
+
+    def compare(a, b):
+        return _compare(a, b, z=z)
+
     df = df[df.eval_mode == mode]
     lengths = sorted(df["eval_len"].unique())
     train = int(df["train_len"].iloc[0])
@@ -206,6 +215,7 @@ def claims(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
                   if (not name.startswith("rope/") or name == "rope/none") and not g(name).isna().all()]
     others = [c for c in candidates if c != "alibi"]
     out.append({
+        "id": "1",
         "claim": "1. ALiBi is slightly worse than RoPE at the training length but the most stable beyond it",
         "criterion": f"(a) ALiBi's perplexity at {train} above RoPE's (no scaling); (b) ALiBi's growth "
                      f"ppl({n}) / ppl({train}) below that of every other encoding that can run at {n}",
@@ -222,6 +232,7 @@ def claims(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
     ntk = min(("rope/ntk", "rope/dynamic-ntk"), key=lambda s: seed_values(df, mode, s, n).mean())
     rivals = [s for s in strategies if s not in ("rope/ntk", "rope/dynamic-ntk")]
     out.append({
+        "id": "2",
         "claim": "2. RoPE with NTK-style scaling is the most accurate RoPE strategy past the training length",
         "criterion": f"the better of ntk and dynamic-ntk ({ntk.split('/')[1]} here) has a lower perplexity at {n} "
                      f"than every other strategy without fine-tuning",
@@ -231,6 +242,7 @@ def claims(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
                                           for s in rivals], "<")},
     })
     out.append({
+        "id": "3",
         "claim": "3. T5's bias extrapolates clearly worse than RoPE and ALiBi",
         "criterion": f"T5's growth ppl({n}) / ppl({train}) above RoPE's (no scaling) and above ALiBi's",
         "numbers": f"growth to {n}: T5 {_fmt(g('t5'))}, RoPE {_fmt(g('rope/none'))}, ALiBi {_fmt(g('alibi'))}",
@@ -251,6 +263,7 @@ def claims(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
 
     order = {name: first_break(name) for name in ("sinusoidal", "rope/none", "t5", "alibi")}
     out.append({
+        "id": "ordering",
         "claim": "ALiBi paper's ordering: sinusoidal breaks first, then rotary, T5 holds to about 2x, ALiBi stays flat",
         "criterion": f"an encoding breaks at a length when its growth over the training length exceeds {BREAK} "
                      f"(resolved against the threshold by the same rule); judged at {', '.join(map(str, beyond))}",
@@ -277,3 +290,12 @@ def claims_text(rows, mode: str, *, judged_len: int = 2048, width: int = 76) -> 
             lines += textwrap.wrap(f"verdict, {part}: {v}", width, initial_indent="  ", subsequent_indent="    ")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(2048,), z: float = 2.0) -> pd.DataFrame:
+    """Every claim's verdicts in one table: a row per claim and part, a column per (mode, judged length)."""
+    records = [{"claim": f"{c['id']}: {part}", "mode": mode, "judged at": length, "verdict": v}
+               for mode in modes for length in judged_lens
+               for c in claims(rows, mode, judged_len=length, z=z) for part, v in c["verdicts"].items()]
+    table = pd.DataFrame(records).pivot(index="claim", columns=["mode", "judged at"], values="verdict")
+    return table.loc[list(dict.fromkeys(r["claim"] for r in records))]

@@ -75,3 +75,47 @@ def benchmark(name: str) -> dict:
 def read_json(name: str, path: str):
     """Any other committed JSON file of run ``name`` (e.g. a retrieval run's ``grid.json``)."""
     return _read_json(folder(name) / path)
+
+
+def export_models(run_dir: str | Path, name: str, encodings, *, seed: int = 0, root: str | Path | None = None) -> list[Path]:
+    """Copy the final weights of ``encodings`` (one seed) from a run folder into the committed results, as
+    float16 (half the size; the chapters' diagnostics do not need more), under ``results/<name>/models``."""
+    import torch
+
+    dest = Path(root or _checkout_root()) / name / "models"
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for encoding in encodings:
+        state = torch.load(Path(run_dir) / "models" / f"{encoding}-s{seed}.pt", map_location="cpu", weights_only=True)
+        half = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+        written.append(dest / f"{encoding}-s{seed}.pt")
+        torch.save(half, written[-1])
+    return written
+
+
+def model(name: str, encoding: str, *, seed: int = 0, **options):
+    """The committed trained model ``encoding`` (seed ``seed``) of run ``name``, in float32 and eval mode.
+
+    ``options`` are passed to the encoding (e.g. ``scaling="yarn"`` for RoPE)."""
+    import io
+
+    import torch
+
+    from .experiment import Spec
+    from .model import GPT
+
+    _, _, config = load_config_only(name)
+    spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
+    node = folder(name) / "models" / f"{encoding}-s{seed}.pt"
+    if not node.is_file():
+        raise PosencError(f"run {name!r} has no committed model for {encoding} seed {seed}")
+    cfg = spec.model_config(encoding)
+    cfg.encoding_options = dict(options)
+    net = GPT(cfg)
+    state = torch.load(io.BytesIO(node.read_bytes()), map_location="cpu", weights_only=True)
+    net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return net.eval()
+
+
+def load_config_only(name: str) -> tuple[None, None, dict]:
+    return None, None, _read_json(folder(name) / "config.json")

@@ -6,8 +6,9 @@
 # * Continues the paper preset (or $PRESET) from the units already committed under results/paper/units
 #   (finished encoding x seed pairs are skipped), stops cleanly (SIGINT) before BUDGET seconds,
 #   and copies every finished unit, the tidy table and the report back to results/paper/ and $OUT.
-# * Runs the CUDA-only tests, then the attention and training-throughput benchmarks at full size
-#   (a few minutes), unless SKIP_BENCH=1 or their JSON already exists.
+# * Runs the CUDA-only tests (attention fast paths, generation with a cache), then the attention,
+#   training-throughput, long-evaluation and generation benchmarks at full size (a few minutes),
+#   unless SKIP_BENCH=1 or their JSON already exists.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUDGET=${BUDGET:-540}
@@ -25,12 +26,16 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # the CUDA-only tests (FlexAttention at 4,096 tokens, bf16 fast paths against the reference)
-  timeout 300 $PY -m pytest -q tests/test_attention.py -k "cuda" 2>&1 | tail -5 | tee "$OUT/cuda-tests.txt"
+  timeout 300 $PY -m pytest -q -o addopts="" tests/test_attention.py tests/test_generate.py -k "cuda" 2>&1 | tail -5 | tee "$OUT/cuda-tests.txt"
 fi
 
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ ! -f results/benchmarks/gpu-attention.json ]; then
   timeout $(( $(left) / 4 )) $PY benchmarks/attention.py --json results/benchmarks/gpu-attention.json | tee "$OUT/gpu-attention.txt"
   timeout $(( $(left) / 4 )) $PY benchmarks/train_throughput.py --json results/benchmarks/gpu-train.json | tee "$OUT/gpu-train.txt"
+  timeout $(( $(left) / 6 )) $PY benchmarks/long_eval.py --n-layer 12 --n-head 8 --d-model 512 --lengths 2048,8192,32768 \
+    --json results/benchmarks/gpu-long-eval.json | tee "$OUT/gpu-long-eval.txt"
+  timeout $(( $(left) / 8 )) $PY benchmarks/generate.py --device cuda --n-layer 12 --n-head 8 --d-model 512 \
+    --json results/benchmarks/gpu-generate.json | tee "$OUT/gpu-generate.txt"
   cp results/benchmarks/gpu-*.json "$OUT"/ 2>/dev/null
 fi
 

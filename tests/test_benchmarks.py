@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,3 +37,31 @@ def test_train_throughput_benchmark_smoke(tmp_path):
     rows = {r["encoding"]: r for r in result["rows"]}
     assert set(rows) == {"nope", "rope", "alibi", "t5"} and rows["nope"]["vs_nope"] == 1.0
     assert all(r["tokens_per_s"] > 0 and r["vs_nope"] > 0 for r in rows.values())
+
+
+def test_long_evaluation_benchmark_smoke(tmp_path):
+    result, stdout = run("long_eval.py", "--encodings", "nope,rope,alibi,fire", tmp_path=tmp_path)
+    rows = result["rows"]
+    assert {r["encoding"] for r in rows} == {"nope", "rope", "alibi", "fire"}
+    assert all(r["ms"] > 0 and r["first_ms"] > 0 and r["vs_nope"] > 0 for r in rows)
+    assert all(r["vs_nope"] == 1.0 for r in rows if r["encoding"] == "nope")
+    assert "vs_nope" in stdout
+
+
+def test_generation_benchmark_smoke(tmp_path):
+    result, _ = run("generate.py", "--encodings", "rope,alibi", tmp_path=tmp_path)
+    assert [r["encoding"] for r in result["rows"]] == ["rope", "alibi"]
+    assert all(r["tok_s_cached"] > 0 and r["tok_s_uncached"] > 0 for r in result["rows"])
+
+
+def test_peer_benchmark_smoke_when_x_transformers_is_installed(tmp_path):
+    pytest.importorskip("x_transformers")
+    result, stdout = run("peer.py", "--encodings", "nope,alibi", tmp_path=tmp_path)
+    rows = {r["encoding"]: r for r in result["rows"]}
+    assert set(rows) == {"nope", "alibi"} and all(r["train_speedup"] > 0 and r["eval_speedup"] > 0 for r in rows.values())
+
+
+def test_levers_benchmark_smoke(tmp_path):
+    result, stdout = run("levers.py", tmp_path=tmp_path)
+    assert [r["way"] for r in result["rows"]][0] == "no bias, causal" and result["rows"][0]["vs_no_bias"] == 1.0
+    assert len(result["rows"]) == 5 and result["mask_build_ms"] > 0

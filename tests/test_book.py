@@ -22,8 +22,8 @@ def cells(path):
     return [(c.cell_type, c.source.strip()) for c in nb.cells]
 
 
-def test_there_are_ten_chapters_and_all_are_in_the_toc():
-    assert len(NOTEBOOKS) == 10
+def test_there_are_eleven_chapters_and_all_are_in_the_toc():
+    assert len(NOTEBOOKS) == 11
     toc = (ROOT / "_toc.yml").read_text()
     for stem in CHAPTERS:
         assert f"notebooks/{stem}" in toc
@@ -55,29 +55,66 @@ def test_every_notebook_installs_from_the_repository_url_in_config():
     assert f"git+{url}" in first.pop()
 
 
-@pytest.mark.slow
-def test_colab_like_environment_installs_the_package(tmp_path):
-    """A Python that has torch and friends but not posenc_lab, as on Colab: the first cell installs it."""
-    venv = tmp_path / "colab"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    py = venv / "bin" / "python"
+def colab_like_venv(path: Path) -> Path:
+    """A fresh virtual environment that has the third-party dependencies (torch and friends) but not posenc_lab, as
+    on Colab: our environment's site-packages as a plain path entry (its editable install's .pth is not processed)."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    py = path / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     ours = subprocess.run([sys.executable, "-c", "import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    # the dependencies are importable (a plain path entry: the editable install's .pth is not processed)
     Path(site, "colab_preinstalled.pth").write_text(ours + "\n")
-    probe = "import importlib.util; print(importlib.util.find_spec('posenc_lab') is None)"
+    # the venv's own old setuptools would shadow ours (torch asks for a newer one); Colab's is recent too
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], capture_output=True)
+    return py
+
+
+def colab_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # no network: the install cell is pointed at this checkout instead of the repository URL, and pip may not
+    # reach an index (the build uses the environment's setuptools instead of downloading one)
+    env.update(POSENC_LAB_SOURCE=str(ROOT), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               TQDM_DISABLE="1", MPLBACKEND="Agg", HOME=str(tmp_path))
+    return env
+
+
+@pytest.mark.slow
+def test_colab_like_environment_installs_the_package(tmp_path):
+    """A Python that has torch and friends but not posenc_lab, as on Colab: the first cell installs it."""
+    py = colab_like_venv(tmp_path / "colab")
+    env = colab_env(tmp_path)
+    probe = "import importlib.util; print(importlib.util.find_spec('posenc_lab') is None)"
     before = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert before.stdout.strip() == "True", "the simulated Colab already has posenc_lab"
     cell = install_cell(NOTEBOOKS[0])
-    check = cell + "\nimport posenc_lab\nprint('device', device, 'posenc_lab', posenc_lab.__version__, posenc_lab.__file__)\n"
-    # no network here: the same cell, pointed at this checkout instead of the repository URL
-    env["POSENC_LAB_SOURCE"] = str(ROOT)
+    check = cell + ("\nimport posenc_lab\nfrom posenc_lab import results\nprint('device', device, 'posenc_lab', "
+                    "posenc_lab.__version__, posenc_lab.__file__, results.folder('cpu'))\n")
     result = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "device cpu posenc_lab 0.1.0" in result.stdout and str(venv) in result.stdout
+    assert "device cpu posenc_lab 0.1.0" in result.stdout and str(tmp_path / "colab") in result.stdout
+    assert "site-packages/posenc_lab/committed/cpu" in result.stdout  # the committed results came with the package
+
+
+@pytest.mark.slow
+def test_every_chapter_runs_alone_as_colab_opens_it(tmp_path):
+    """Each chapter's .ipynb, copied alone into an empty folder, executed top to bottom in an environment without
+    posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook read."""
+    py = colab_like_venv(tmp_path / "colab")
+    env = colab_env(tmp_path)
+    failures = []
+    for md in NOTEBOOKS:
+        alone = tmp_path / "alone" / md.stem
+        alone.mkdir(parents=True)
+        shutil.copy(md.with_suffix(".ipynb"), alone)
+        subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "posenc-lab"], capture_output=True, env=env)
+        result = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                                 "--nbval", "--nbval-current-env", "--nbval-cell-timeout=900", md.with_suffix(".ipynb").name],
+                                capture_output=True, text=True, cwd=alone, env=env, timeout=1800)
+        if result.returncode:
+            missing = sorted(set(re.findall(r"(?:FileNotFoundError|No such file or directory)[^\n]*", result.stdout)))
+            failures.append(f"{md.stem}: " + ("; ".join(missing) if missing else result.stdout[-1500:]))
+    assert not failures, "chapters that do not run alone:\n" + "\n".join(failures)
 
 
 class PageScan(HTMLParser):
@@ -166,3 +203,40 @@ def test_references_page_lists_every_cited_paper(built_book):
     html = (built_book / "book" / "references.html").read_text()
     assert html.count('<div class="citation"') == len(keys), "every entry of references.bib is rendered"
     assert "Press" in html and "rotary position embedding" in html.lower()
+
+
+def test_every_bibliography_entry_is_cited():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    keys = set(re.findall(r"@\w+\{([^,]+),", bib))
+    cited = set()
+    for page in [*NOTEBOOKS, *(ROOT / "book").glob("*.md")]:
+        for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", page.read_text()):
+            cited |= {k.strip() for k in group.split(",")}
+    assert keys <= cited, f"in references.bib but never cited: {sorted(keys - cited)}"
+
+
+@pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
+def test_code_lines_fit_the_page(md):
+    """Code cells wider than 100 characters scroll sideways in the rendered book."""
+    long = [(i, line) for cell_type, source in cells(md) if cell_type == "code"
+            for i, line in enumerate(source.splitlines()) if len(line) > 100]
+    assert not long, f"{md.name}: code lines over 100 characters: {long[:3]}"
+
+
+@pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
+def test_every_chapter_ends_with_exercises_and_executed_solutions(md):
+    text = md.read_text()
+    exercises = re.findall(r"```\{exercise\}\n:label: (\S+)", text)
+    assert 2 <= len(exercises) <= 4, f"{md.name}: {len(exercises)} exercises"
+    for label in exercises:
+        start = text.index(f"```{{solution-start}} {label}")
+        end = text.index("```{solution-end}", start)
+        assert "```{code-cell}" in text[start:end], f"{md.name}: the solution of {label} runs no code"
+
+
+@pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
+def test_chapters_read_committed_results_only_through_the_package(md):
+    """A relative path to ../results exists in a checkout but not beside a notebook opened alone (Colab)."""
+    for cell_type, source in cells(md):
+        if cell_type == "code":
+            assert "../results" not in source and "results/" not in source.replace("results.", ""), md.name

@@ -1,0 +1,73 @@
+"""Why extrapolation breaks, read off a trained model: attention maps, attention entropy, logits by distance.
+
+Pure functions over a model and a batch of tokens (the chapters draw them with :mod:`plots`). The
+attention weights are recomputed explicitly from each layer's input, with the encoding's own
+rotation and bias and the causal mask, ``softmax(q k^T / sqrt(d) + b)``: the formula every
+backend is tested against, written out because the fast backends never form the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum, rearrange
+
+from .backends import future_mask
+
+
+def _layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The input of every layer's attention (after its LayerNorm), from one forward pass."""
+    captured = []
+    hooks = [block.attn.register_forward_hook(lambda mod, args, out: captured.append(args[0].detach()))
+             for block in model.blocks]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured
+
+
+def attention_logits(model, idx: torch.Tensor) -> list[torch.Tensor]:
+    """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys at ``-inf``."""
+    positions = torch.arange(idx.shape[1], device=idx.device)
+    out = []
+    for block, x in zip(model.blocks, _layer_inputs(model, idx)):
+        attn = block.attn
+        with torch.no_grad():
+            q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.n_head)
+            q, k = model.encoding.rotate(q, k, positions)
+            scores = einsum(q.float(), k.float(), "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+            bias = model.encoding.bias(positions, positions)
+            if bias is not None:
+                scores = scores + bias.float()
+            out.append(scores.masked_fill(future_mask(len(positions), len(positions), idx.device), float("-inf")))
+    return out
+
+
+def attention_weights(model, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The attention weights ``softmax(logits)`` of every layer: a list of ``b h n n`` tensors."""
+    return [logits.softmax(dim=-1) for logits in attention_logits(model, idx)]
+
+
+def entropy(weights: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each query's attention distribution: ``... n n -> ... n``; 0 for a one-hot row."""
+    return -(weights * weights.clamp_min(1e-30).log()).sum(dim=-1)
+
+
+def mean_by_distance(values: torch.Tensor, *, min_query: int = 0) -> torch.Tensor:
+    """The mean of ``values[..., m, n]`` over the pairs at each distance ``m - n = 0 .. n-1``, for queries
+    ``m >= min_query``: ``... n n -> ... n`` (NaN where no pair counts)."""
+    n = values.shape[-1]
+    m = torch.arange(n)[:, None]
+    distance = (m - torch.arange(n)[None]).expand(n, n)
+    keep = (distance >= 0) & (m >= min_query)
+    flat = values.reshape(-1, n, n)
+    sums = torch.zeros(flat.shape[0], n, dtype=torch.float64)
+    counts = torch.zeros(n, dtype=torch.float64)
+    d = distance[keep]
+    counts.index_add_(0, d, torch.ones_like(d, dtype=torch.float64))
+    sums.index_add_(1, d, flat[:, keep].double())
+    return (sums / counts).reshape(*values.shape[:-2], n)
