@@ -167,7 +167,7 @@ def main(argv=None) -> int:
               "again to continue", file=sys.stderr)
         return 130
     except RuntimeError as err:
-        if not distributed.active():
+        if not distributed.active() or not _lost_peer(err):
             raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"posenc-lab: error: process {distributed.rank()} of {distributed.world_size()} lost the other "
@@ -176,6 +176,15 @@ def main(argv=None) -> int:
         return 1
     finally:
         distributed.shutdown()
+
+
+def _lost_peer(err: RuntimeError) -> bool:
+    """Whether an error comes from the process group (a peer died or timed out), not from a bug."""
+    import torch.distributed as dist
+
+    text = str(err).lower()
+    return isinstance(err, getattr(dist, "DistBackendError", ())) or any(
+        word in text for word in ("connection", "timed out", "timeout", "gloo", "nccl", "peer", "socket"))
 
 
 def _command(args, experiment, report) -> int:

@@ -22,7 +22,8 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
 
 def sinusoidal_encoding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     """``PE[m] = (sin(m theta_0), cos(m theta_0), sin(m theta_1), ...)`` for positions ``... n``: ``... n d``, float64."""
-    angles = einsum(positions.to(torch.float64), sinusoidal_frequencies(dim, base), "... n, f -> ... n f")
+    freqs = sinusoidal_frequencies(dim, base).to(positions.device)
+    angles = einsum(positions.to(torch.float64), freqs, "... n, f -> ... n f")
     return rearrange([angles.sin(), angles.cos()], "r ... f -> ... (f r)")
 
 

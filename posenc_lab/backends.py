@@ -14,14 +14,16 @@ every second position, is scored as such by every backend. Backends:
   kernel. A bias: materialized once as a 4-d float mask ``(1, h, n, n)`` with the causal mask
   folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), memoised
   while it stays valid (:meth:`Encoding.memo`), and applied block by block of ``BLOCK`` queries so
-  that causal attention never computes the keys a block cannot see. Trains on every device.
+  that causal attention never computes the keys a block cannot see. Trains on every device. The
+  mask has the queries' dtype: under bf16 autocast a large bias is rounded (ALiBi's gentlest head
+  at distance 16k, about -62.5, to steps of 0.25), where ``flex`` computes the bias in float32.
 * ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: no ``n x n``
   tensor anywhere. CUDA, or forward only on CPU.
 * ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 
 Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
 of the keys, as with a key/value cache). Non-causal attention is defined for every encoding except
-FIRE and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
+FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, 
     evaluated at every pair.
     """
     nq, nk = q_pos.shape[-1], k_pos.shape[-1]
-    if encoding.distance_only:
+    if encoding.distance_only_at(q_pos):
         lo, hi = _distance_range(q_pos, k_pos)
         table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device)).to(dtype)  # h d
         if _is_range(q_pos) and _is_range(k_pos):
@@ -362,6 +364,8 @@ def first_kernel_that_compiles(key: str, call: Callable, fallback: Callable):
             out = call(options)
             _flex_options_that_work[key] = options
             return out
+        except torch.cuda.OutOfMemoryError:
+            raise  # not a kernel problem: the caller's clear_oom turns it into one sentence
         except Exception as err:  # a kernel that does not compile on this GPU: try the next tiles
             errors.append(f"{options}: {type(err).__name__}: {str(err)[:200]}")
     _flex_failed.add(key)
@@ -436,11 +440,20 @@ def attention(
         if positions is None:
             positions = cache.next_positions(q.shape[-2], q.device)
         positions = _check_inputs(q, k, v, positions)
-        if backend == "auto":
-            backend = choose_backend(encoding, q.device)
+        if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
+            backend = "sdpa"
         if not encoding.cacheable:
-            raise PosencError("this encoding re-rotates every key at every step (dynamic NTK in its 'sequence' "
-                              "form), which a key/value cache cannot serve: run without a cache, or use dynamic='cache'")
+            raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
+                              "NTK in its 'sequence' form, or a PI / NTK / YaRN factor that follows the length), "
+                              "which a key/value cache cannot serve: fix the factor (factor=...), use "
+                              "dynamic='cache', or run without a cache")
+        if not causal and not encoding.noncausal:
+            raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
+        if backend == "flex" and not flex_available(q.device):
+            raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
+        if cache.k is not None and cache.k.shape[0] != k.shape[0]:
+            raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
+                              f"batch of {k.shape[0]}: use a new cache (model.new_cache()) for another batch")
         q = encoding.rotate_one(q, positions, "q")
         k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k"), v, positions)
         return _BACKEND_FNS[backend](q, k_all, v_all, encoding, positions, k_pos, causal)

@@ -78,6 +78,10 @@ def t5_bucket(
     """
     if num_buckets < 2 or (bidirectional and num_buckets < 4):
         raise PosencError(f"num_buckets too small for T5 buckets: {num_buckets}")
+    exact_part = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if max_distance <= exact_part:
+        raise PosencError(f"T5's max_distance ({max_distance}) must exceed the distances with a bucket of their own "
+                          f"({exact_part}), or the logarithmic buckets are empty")
     delta = -relative_position.long()
     bucket = torch.zeros_like(delta)
     if bidirectional:
@@ -99,6 +103,8 @@ class T5Bias(nn.Module):
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
         super().__init__()
         check_heads(num_heads)
+        t5_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional, num_buckets=num_buckets,
+                  max_distance=max_distance)  # checks the arguments now, not at the first forward
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 

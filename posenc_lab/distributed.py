@@ -17,7 +17,9 @@ instead of waiting for ever. Then:
   scores its own, and :func:`gather_in_order` puts the per-window results back in the
   single-process order, so sums come out bit for bit the same;
 * only the main process (rank 0) writes checkpoints, unit files and tables (:func:`is_main`), and
-  every process waits at a :func:`barrier` before reading what it wrote.
+  every process waits at a :func:`barrier` before reading what it wrote. Every process reads them
+  back (to resume), so the output folder must be on a filesystem all nodes share; :func:`agree`
+  stops the run with a clear error when processes see different files.
 
 Without ``torchrun`` (no ``WORLD_SIZE`` above 1 in the environment) none of this runs: every
 function here is a no-op on one process and ``torch.distributed`` is never initialised.
@@ -146,6 +148,21 @@ def gather_in_order(results: list[tuple[int, object]]) -> list:
     dist.all_gather_object(everything, results)
     merged = [pair for part in everything for pair in part]
     return [r for _, r in sorted(merged, key=lambda pair: pair[0])]
+
+
+def agree(value, what: str):
+    """``value``, checked to be the same on every process (e.g. whether a unit file or a checkpoint exists):
+    processes that see different files would pair different steps in their collectives. One process: as is."""
+    if not _STATE["active"]:
+        return value
+    import torch.distributed as dist
+
+    everything = [None] * world_size()
+    dist.all_gather_object(everything, value)
+    if any(v != everything[0] for v in everything):
+        raise PosencError(f"the processes disagree about {what} ({everything}): every process must see the same "
+                          "--out folder (a filesystem shared by all nodes)")
+    return value
 
 
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

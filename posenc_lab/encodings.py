@@ -78,8 +78,12 @@ class Encoding(nn.Module):
         return None
 
     def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
-        """``b[h, k]``: the bias at each signed distance ``distances[k] = i - j`` (only when ``distance_only``)."""
+        """``b[h, k]``: the bias at each signed distance ``distances[k] = m - n`` (only when ``distance_only``)."""
         raise NotImplementedError(f"{self.name} has no per-distance bias")
+
+    def distance_only_at(self, q_pos: torch.Tensor) -> bool:
+        """Whether, for these query positions, the bias depends on the distance alone."""
+        return self.distance_only
 
     def extra_repr(self) -> str:
         return f"hook={self.hook}"
@@ -174,7 +178,9 @@ class RoPE(Encoding):
 
     * ``"cache"`` (default): position-wise, the token at position ``p`` is rotated with the base for
       length ``p + 1`` (:func:`rope.dynamic_ntk_angles`): what a model generating one token at a time
-      with a key/value cache computes, each key keeping the rotation it got when it entered the cache;
+      with a key/value cache computes, each key keeping the rotation it got when it entered the cache
+      (a prompt counts as if it had been fed one token at a time; some implementations instead rotate
+      a whole prompt with the base of its length);
     * ``"sequence"``: every position is rotated with the base for the whole current length
       (``max(positions) + 1``): what a fresh forward pass over the sequence computes.
 
@@ -234,7 +240,11 @@ class RoPE(Encoding):
 
     @property
     def cacheable(self) -> bool:
-        return not (self.scaling == "dynamic-ntk" and self.dynamic == "sequence")
+        """A cache cannot serve a rotation that changes with the length for keys already cached: dynamic NTK's
+        ``"sequence"`` form, or a PI / NTK / YaRN factor that follows the length (``factor=None``)."""
+        if self.scaling == "dynamic-ntk":
+            return self.dynamic == "cache"
+        return self.scaling == "none" or self.factor is not None
 
     def extra_repr(self):
         return f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
@@ -252,12 +262,13 @@ class XPos(Encoding):
     """
 
     name, hook = "xpos", "rotate"
+    noncausal = False  # its decay zeta^((m - n) / tau) would grow without bound for keys after the query
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0, gamma: float = 0.4,
                  layout: str = "half"):
         super().__init__()
         check_even("xPos head dimension", head_dim)
-        self.freqs = rope.inv_freq(head_dim, base)
+        self.register_buffer("freqs", rope.inv_freq(head_dim, base), persistent=False)
         self.scale_base, self.gamma, self.layout = scale_base, gamma, layout
 
     def rotate(self, q, k, positions):
@@ -333,16 +344,18 @@ class Kerple(_BiasEncoding):
 
 
 class Fire(_BiasEncoding):
-    """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``i`` too.
+    """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``m`` too.
 
-    Defined for causal attention only (its normaliser ``psi(max(L, i))`` bounds the distance to the
-    keys *before* query ``i``).
+    Defined for causal attention only (its normaliser ``psi(max(L~, m))`` bounds the distance to the
+    keys *before* query ``m``). While every query position is at most the threshold ``L~`` (training,
+    and the first ``L~`` positions of any window), the normaliser is the constant ``psi(L~)`` and the
+    bias depends on the distance alone: then it is built from a per-distance table, exactly the same
+    values as pair by pair (:meth:`distance_only_at`).
     """
 
     name = "fire"
     distance_only = False
     noncausal = False
-    distance_bias = Encoding.distance_bias
 
     def __init__(self, num_heads: int, *, train_len: int = 512, **options):
         super().__init__()
@@ -351,6 +364,17 @@ class Fire(_BiasEncoding):
 
     def bias(self, q_pos, k_pos):
         return self.fire(q_pos, k_pos)
+
+    def distance_only_at(self, q_pos: torch.Tensor) -> bool:
+        if torch.compiler.is_compiling() or q_pos.numel() == 0:
+            return False
+        return float(q_pos.max()) <= float(self.fire.params()[1])
+
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        """``b[h, k]`` at signed distances ``distances[k]`` for queries at or below the threshold (see above): each
+        distance is passed as a query position against a key at 0, which keeps the normaliser at ``psi(L~)`` for
+        every distance up to ``L~`` (negative distances read as 0, as for any future key)."""
+        return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
 
 
 ENCODINGS: dict[str, type[Encoding]] = {

@@ -92,6 +92,15 @@ class Spec:
             raise PosencError("dynamic-ntk has no fixed factor to fine-tune with; fine-tune with pi, ntk or yarn")
         if self.finetune and (self.finetune_steps <= 0 or self.finetune_len <= self.train_len):
             raise PosencError("fine-tuning needs --finetune-steps > 0 and --finetune-len longer than the training length")
+        if self.d_model % self.n_head:
+            raise PosencError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if (self.d_model // self.n_head) % 2 and {"rope", "xpos"} & set(self.encodings):
+            raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
+                              f"{self.d_model // self.n_head} must be even")
+
+    def finetune_batch(self) -> int:
+        """The fine-tuning batch: the training batch's tokens per step, in windows of ``finetune_len``."""
+        return max(1, self.batch_size * self.train_len // self.finetune_len)
 
     def seeds_for(self, encoding: str) -> tuple[int, ...]:
         return self.seeds if encoding in MAIN_ENCODINGS else self.other_seeds
@@ -237,8 +246,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
             tuned.encoding.set_scaling(strategy, factor=factor)
             ft_cfg = replace(spec.train_config(seed), steps=spec.finetune_steps, lr=spec.lr / 10,
                              warmup=max(1, spec.finetune_steps // 10))
-            batch = max(1, spec.batch_size * spec.train_len // spec.finetune_len)  # same tokens per step
-            ft_cfg = replace(ft_cfg, batch_size=batch)
+            ft_cfg = replace(ft_cfg, batch_size=spec.finetune_batch())  # same tokens per step
             ft = train(tuned, train_stream, ft_cfg, length=spec.finetune_len,
                        checkpoint=out / "checkpoints" / f"{encoding}-s{seed}-ft-{strategy}.pt",
                        device=device, progress=progress, desc=f"fine-tune {label} {strategy}", compile=compile)
@@ -292,7 +300,7 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
     log = log if distributed.is_main() else (lambda *a: None)
     for i, (encoding, seed) in enumerate(units, 1):
         path = out / "units" / f"{encoding}-s{seed}.json"
-        if path.exists():
+        if distributed.agree(path.exists(), f"whether {path} is finished"):
             log(f"[{i}/{len(units)}] {encoding} seed {seed}: done already ({path})")
             continue
         log(f"[{i}/{len(units)}] {encoding} seed {seed}")
@@ -317,7 +325,10 @@ def run_context(spec, corpus: Corpus, device: torch.device) -> dict:
 
 
 def resolve_device(device: str | None) -> torch.device:
-    device = torch.device(device) if device else default_device()
+    try:
+        device = torch.device(device) if device else default_device()
+    except RuntimeError:
+        raise PosencError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise PosencError("--device cuda was asked for, but this torch sees no CUDA GPU")
     if distributed.active() and device.type == "cuda":  # under torchrun: this process's own GPU
@@ -336,6 +347,9 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     if len(eval_stream) < spec.eval_tokens + 1:
         raise PosencError(f"the test split of {corpus.name!r} has {len(eval_stream)} bytes, fewer than eval_tokens "
                           f"+ 1 = {spec.eval_tokens + 1}: lower --eval-tokens or use a larger corpus")
+    distributed.check_divisible(spec.batch_size)  # before any training, not when a unit gets there
+    if spec.finetune:
+        distributed.check_divisible(spec.finetune_batch())
     common = run_context(spec, corpus, device)
     units = [(e, s) for e in spec.encodings for s in spec.seeds_for(e)]
     run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, eval_stream, out, device, progress, common),

@@ -109,6 +109,11 @@ class GPT(nn.Module):
         """
         if idx.dim() != 2:
             raise PosencError(f"token ids must be 2-d (batch, positions), got shape {tuple(idx.shape)}")
+        # a bad id is one sentence here, not a device-side assert (skipped in CUDA training, where it would sync)
+        check = not torch.compiler.is_compiling() and idx.numel() and (idx.device.type == "cpu" or not self.training)
+        if check and (int(idx.min()) < 0 or int(idx.max()) >= self.cfg.vocab_size):
+            raise PosencError(f"token ids must lie in 0 .. {self.cfg.vocab_size - 1}, "
+                              f"got {int(idx.min())} .. {int(idx.max())}")
         start = 0 if not cache else len(cache[0])
         # one tensor for every layer: the encoding's tables are built once per forward
         positions = torch.arange(start, start + idx.shape[1], device=idx.device)

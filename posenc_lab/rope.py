@@ -86,6 +86,8 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
     The exponent is chosen so that the lowest frequency ``theta_{d/2-1}`` is divided by exactly ``s``
     (interpolated like PI) while the highest, ``theta_0 = 1``, is unchanged (extrapolated).
     """
+    if dim <= 2:
+        raise PosencError(f"NTK scaling needs a head dimension above 2 (its exponent is d/(d-2)), got {dim}")
     return base * factor ** (dim / (dim - 2))
 
 
@@ -99,8 +101,9 @@ def _ntk(dim, base, factor, train_len, seq_len):
 def _dynamic_ntk(dim, base, factor, train_len, seq_len):
     """Dynamic NTK: NTK-aware scaling with ``s = max(1, seq_len / train_len)`` for the current length.
 
-    At or below the training length it is exactly plain RoPE. (As in the Hugging Face and Qwen
-    implementations, with the ``alpha`` of the former equal to 1.) The factor is always derived
+    At or below the training length it is exactly plain RoPE. (The rule of emozilla's dynamic
+    scaling and of Hugging Face's ``dynamic`` RoPE with ``factor = 1``; Qwen's variant instead rounds
+    its ``alpha`` up to a power of two and fixes it at the prompt.) The factor is always derived
     from ``seq_len``; a position-wise variant, where the token at position ``p`` uses the base for
     length ``p + 1`` as in generation with a key/value cache, is :func:`dynamic_ntk_angles`.
     """
@@ -170,6 +173,12 @@ def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, 
     the attention factor. The factor multiplies both the rotated query and the rotated key, so the
     logits scale by its square, ``(0.1 ln s + 1)^2``: the paper's ``1 / t``.
     """
+    if not (isinstance(beta_fast, (int, float)) and isinstance(beta_slow, (int, float)) and 0 < beta_slow < beta_fast):
+        raise PosencError(f"YaRN needs 0 < beta_slow < beta_fast, got beta_slow={beta_slow!r}, beta_fast={beta_fast!r}")
+    if base <= 1:
+        raise PosencError(f"YaRN needs a RoPE base above 1, got {base}")
+    if mscale is not None and (not isinstance(mscale, (int, float)) or not mscale > 0):
+        raise PosencError(f"YaRN's mscale must be a positive number, got {mscale!r}")
     gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
     freqs = inv_freq(dim, base)
     scaled = (1 - gamma) * freqs / factor + gamma * freqs
@@ -228,12 +237,15 @@ def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000
     """Angles of position-wise dynamic NTK: position ``p`` uses the NTK base for length ``max(p + 1, train_len)``.
 
     This is what a model generating one token at a time with a key/value cache sees under
-    dynamic NTK: each key keeps the rotation it got when it was appended. Shape ``... n d/2``.
+    dynamic NTK: each key keeps the rotation it got when it was appended (a prompt counts as if it
+    had been fed one token at a time). Shape ``... n d/2``.
     """
     check_even("RoPE head dimension", dim)
+    if dim <= 2:
+        raise PosencError(f"NTK scaling needs a head dimension above 2 (its exponent is d/(d-2)), got {dim}")
     p = positions.to(torch.float64)
     s = ((p + 1) / train_len).clamp(min=1.0)  # ... n
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # f
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=p.device) / dim  # f
     bases = base * s[..., None] ** (dim / (dim - 2))  # ... n 1
     return p[..., None] * bases ** -exponents
 
@@ -243,8 +255,9 @@ def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000
 
 
 def rope_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """``m * theta_i`` in float64 for positions ``... n`` and frequencies ``f``: shape ``... n f``."""
-    return einsum(positions.to(torch.float64), freqs.to(torch.float64), "... n, f -> ... n f")
+    """``m * theta_i`` in float64 for positions ``... n`` and frequencies ``f``: shape ``... n f`` (on the positions' device)."""
+    freqs = freqs.to(device=positions.device, dtype=torch.float64)
+    return einsum(positions.to(torch.float64), freqs, "... n, f -> ... n f")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
@@ -332,6 +345,6 @@ def apply_xpos(
         centred = p - centre
     else:
         centred = p - torch.div(p.max() + p.min(), 2, rounding_mode="floor") if p.numel() else p
-    scale = xpos_zeta(q.shape[-1], gamma) ** (centred[..., None] / scale_base)  # ... n f
+    scale = xpos_zeta(q.shape[-1], gamma).to(p.device) ** (centred[..., None] / scale_base)  # ... n f
     cos, sin = angles.cos(), angles.sin()
     return rotate(q, cos * scale, sin * scale, layout), rotate(k, cos / scale, sin / scale, layout)

@@ -71,6 +71,9 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 
+_FLUSH = {"depth": 0}
+
+
 @contextlib.contextmanager
 def flush_denormals():
     """Flush subnormal floats to zero on the CPU while the block runs (restored afterwards).
@@ -80,11 +83,14 @@ def flush_denormals():
     flushing them changes no result beyond float32's resolution (they are below ``1.2e-38``).
     Measured in ``benchmarks/long_eval.py``.
     """
-    supported = torch.set_flush_denormal(True)
+    _FLUSH["depth"] += 1
+    if _FLUSH["depth"] == 1:
+        torch.set_flush_denormal(True)
     try:
         yield
     finally:
-        if supported:
+        _FLUSH["depth"] -= 1
+        if _FLUSH["depth"] == 0:  # only the outermost block switches it back (blocks nest: a probe inside training)
             torch.set_flush_denormal(False)
 
 
@@ -171,6 +177,7 @@ def train(
         state = saved["state"]
         if extra_state is not None:
             extra_state[:] = saved.get("extra", [])
+    distributed.agree(state["step"], f"the step to resume {desc} from")
 
     def save():
         if checkpoint is not None and distributed.is_main():

@@ -41,11 +41,12 @@ def encoding_for(name: str, causal: bool):
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_backend_matches_reference_at_any_positions_both_directions(name, backend, pos, causal):
-    """Regression (issue 9): flex ignored ``positions``; sdpa and flex clamped future keys to distance 0."""
+    """Regression (issue 9): flex ignored ``positions``; sdpa and flex clamped future keys to distance 0.
+    FIRE and xPos (whose decay would grow without bound for keys after the query) have no non-causal form."""
     enc = encoding_for(name, causal)
     q, k, v = qkv(n=64)
     p = POSITIONS[pos](64)
-    if not causal and name == "fire":
+    if not causal and name in ("fire", "xpos"):
         with pytest.raises(PosencError, match="no non-causal form"):
             attention(q, k, v, enc, backend=backend, positions=p, causal=False)
         return
@@ -291,3 +292,20 @@ def test_flex_kernel_options_fall_through_then_back_to_sdpa_once():
         assert att.first_kernel_that_compiles("test-b", never, lambda: "sdpa") == "sdpa"
     assert att.first_kernel_that_compiles("test-b", never, lambda: "sdpa") == "sdpa"
     assert len(attempts) == len(att.FLEX_KERNEL_OPTIONS)  # the second call did not try again
+
+
+@pytest.mark.parametrize("threshold", [200.0, 20.0], ids=["below-threshold", "past-threshold"])
+def test_fire_mask_is_the_pairwise_bias_whether_or_not_it_is_distance_only(threshold):
+    """Below FIRE's threshold the mask comes from a per-distance table; the values are the pairwise ones."""
+    from posenc_lab.backends import bias_block
+
+    enc = make_encoding("fire", d_model=H * D, num_heads=H, train_len=32, init_threshold=threshold)
+    positions = torch.arange(64)
+    assert enc.distance_only_at(positions) == (threshold >= 63)
+    with torch.no_grad():
+        got = bias_block(enc, positions, positions, causal=True, offset=0, dtype=torch.float32)[0]
+        want = enc.bias(positions, positions).masked_fill(torch.ones(64, 64, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    q, k, v = qkv(n=64)
+    ref = attention(q, k, v, enc, backend="reference")
+    torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)

@@ -185,3 +185,21 @@ def test_prefill_then_steps_equals_one_pass():
         caches = m.new_cache()
         parts = [m(x[:, :25], cache=caches)] + [m(x[:, i : i + 1], cache=caches) for i in range(25, 40)]
         torch.testing.assert_close(torch.cat(parts, dim=1), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_refuses_a_rotation_that_changes_with_the_length():
+    """Review finding: a PI factor that follows the length would rotate each new query with a larger factor
+    than the keys already cached; the cache refuses it (generate() fixes the factor for the call instead)."""
+    m = model("rope", scaling="pi")
+    caches = m.new_cache()
+    with pytest.raises(PosencError, match="fix the factor"):
+        m(prompt(), cache=caches)
+    m.encoding.set_scaling("pi", 2.0)
+    m(prompt(), cache=caches)  # a fixed factor: fine
+    with pytest.raises(PosencError, match="batch of 2"):
+        m(prompt(batch=3), cache=caches)
+
+
+def test_bad_token_ids_are_one_sentence():
+    with pytest.raises(PosencError, match=r"token ids must lie in 0 \.\. 255"):
+        model("nope")(torch.tensor([[1, 256]]))

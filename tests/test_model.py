@@ -59,3 +59,18 @@ def test_compiled_training_step_matches_eager(encoding):
     assert compiled.item() == pytest.approx(eager.item(), rel=1e-5)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_flushing_denormals_nests():
+    """A probe inside training (retrieval's monitor) must not switch flushing off for the rest of training."""
+    from posenc_lab.train import flush_denormals
+
+    tiny = torch.tensor([1e-39])  # subnormal in float32
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    torch.set_flush_denormal(False)
+    with flush_denormals():
+        with flush_denormals():
+            pass
+        assert (tiny * 1.0).item() == 0.0  # still flushed after the inner block
+    assert (tiny * 1.0).item() != 0.0  # and restored after the outer one

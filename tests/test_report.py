@@ -89,3 +89,20 @@ def test_one_seed_resolves_nothing_but_reports_the_direction():
 def test_claims_text_prints_the_rule_with_the_verdicts():
     text = report.claims_text(rows_from(ARTICLE_WORLD, seeds=(0, 1)), "nonoverlapping", judged_len=512)
     assert text.startswith("decision rule: A and B differ when") and "verdict, b (most stable): holds" in text
+
+
+def test_nothing_to_compare_is_no_data_not_a_verdict():
+    assert report.verdict([], "<") == "no data"
+    world = {k: v for k, v in ARTICLE_WORLD.items() if k != "t5"}
+    v = verdicts_of(world)
+    assert v["3."] == {"worse than RoPE": "no data", "worse than ALiBi": "no data"}
+
+
+def test_paired_comparison_removes_what_the_seeds_share():
+    import pandas as pd
+
+    a = pd.Series([10.0, 12.0, 14.0], index=[0, 1, 2])  # a big spread between seeds...
+    b = a + pd.Series([0.5, 0.52, 0.48], index=[0, 1, 2])  # ...shared by b, which is always about 0.5 above
+    assert report.compare(a, b).sign == "~"  # unpaired: lost in the spread between seeds
+    paired = report.compare_paired(a, b)
+    assert paired.sign == "<" and paired.diff == pytest.approx(-0.5)
