@@ -66,12 +66,12 @@ results-article: env
 # comparison installs x-transformers, a benchmark-only dependency
 benchmarks-cpu: env
 	$(PY) benchmarks/attention.py --lengths 512,1024,2048 --train-len 512 --heads 8 --head-dim 64 --reps 5 --json results/benchmarks/cpu-attention.json
-	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 128 --n-head 4 --seq-len 512 --batch 4 --reps 5 --rounds 3 --json results/benchmarks/cpu-train.json
+	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 128 --n-head 4 --seq-len 512 --batch 4 --reps 10 --rounds 5 --json results/benchmarks/cpu-train.json
 	$(PY) benchmarks/long_eval.py --lengths 1024,2048,4096,8192 --reps 3 --rounds 2 --json results/benchmarks/cpu-long-eval.json
 	$(PY) benchmarks/levers.py --json results/benchmarks/cpu-levers.json
 	$(PY) benchmarks/generate.py --json results/benchmarks/cpu-generate.json
 	$(PY) -m pip install -q -e ".[peer]"
-	$(PY) benchmarks/peer.py --json results/benchmarks/cpu-peer.json
+	$(PY) benchmarks/peer.py --rounds 4 --json results/benchmarks/cpu-peer.json
 
 clean:
 	rm -rf _build .pytest_cache

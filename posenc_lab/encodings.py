@@ -368,7 +368,7 @@ class Fire(_BiasEncoding):
     def distance_only_at(self, q_pos: torch.Tensor) -> bool:
         if torch.compiler.is_compiling() or q_pos.numel() == 0:
             return False
-        return float(q_pos.max()) <= float(self.fire.params()[1])
+        return float(q_pos.max()) <= float(self.fire.params()[1].detach())
 
     def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
         """``b[h, k]`` at signed distances ``distances[k]`` for queries at or below the threshold (see above): each

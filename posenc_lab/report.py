@@ -78,12 +78,16 @@ def markdown_table(rows, mode: str, metric: str = "perplexity", *, labels=None, 
     if mode not in summary.index.get_level_values("eval_mode"):
         raise PosencError(f"no rows for evaluation mode {mode!r}")
     table = summary.loc[mode]
+    if labels is not None:
+        table = table[table.index.get_level_values("label").isin(labels)]
+    if lengths is not None:
+        table = table[table.index.get_level_values("eval_len").isin(lengths)]
     cells = table.apply(lambda r: _cell(r["mean"], r["std"], int(r["n"])), axis=1).unstack("eval_len")
     if labels is not None:
         cells = cells.loc[[name for name in labels if name in cells.index]]
     if lengths is not None:
         cells = cells[[n for n in lengths if n in cells.columns]]
-    seeds = sorted(set(table["n"].astype(int)) - {0}) or [0]
+    seeds = sorted(set(table["n"].astype(int)) - {0}) or [0]  # the header counts only the rows it shows
     over = f", mean ± std over {seeds[0] if len(seeds) == 1 else '/'.join(map(str, seeds))} seeds" if max(seeds) > 1 else ""
     lines = [f"| {metric} ({mode}{over}) | " + " | ".join(map(str, cells.columns)) + " |",
              "|---" * (len(cells.columns) + 1) + "|"]
@@ -318,3 +322,20 @@ def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(204
                for c in claims(rows, mode, judged_len=length, z=z) for part, v in c["verdicts"].items()]
     table = pd.DataFrame(records).pivot(index="claim", columns=["mode", "judged at"], values="verdict")
     return table.loc[list(dict.fromkeys(r["claim"] for r in records))]
+
+
+#: the rows of the README's headline tables, in the order of the registry
+HEADLINE_LABELS = ("nope", "sinusoidal", "learned", "rope/none", "rope/pi", "rope/ntk", "rope/dynamic-ntk", "rope/yarn",
+                   "xpos", "alibi", "t5", "kerple", "fire")
+
+
+def headline(rows, *, judged_len: int = 2048) -> str:
+    """The README's headline: both modes' tables (mean ± std over seeds) and the claims' verdicts at
+    ``judged_len``, as Markdown. The README holds exactly this text (a test checks it)."""
+    labels = [name for name in HEADLINE_LABELS if name in set(frame(rows)["label"])]
+    verdicts = verdict_table(rows, judged_lens=(judged_len,))
+    lines = ["| claim (judged at %d) | sliding | non-overlapping |" % judged_len, "|---|---|---|"]
+    for claim, row in verdicts.iterrows():
+        lines.append(f"| {claim} | {row[('sliding', judged_len)]} | {row[('nonoverlapping', judged_len)]} |")
+    return "\n\n".join([markdown_table(rows, "sliding", labels=labels),
+                        markdown_table(rows, "nonoverlapping", labels=labels), "\n".join(lines)])

@@ -74,9 +74,25 @@ def colab_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # no network: the install cell is pointed at this checkout instead of the repository URL, and pip may not
     # reach an index (the build uses the environment's setuptools instead of downloading one)
-    env.update(POSENC_LAB_SOURCE=str(ROOT), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_DISABLE_PIP_VERSION_CHECK="1",
-               TQDM_DISABLE="1", MPLBACKEND="Agg", HOME=str(tmp_path))
+    env.update(POSENC_LAB_SOURCE=str(clean_source(tmp_path / "source")), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+               PIP_DISABLE_PIP_VERSION_CHECK="1", TQDM_DISABLE="1", HOME=str(tmp_path))
+    env.pop("MPLBACKEND", None)  # the kernel's inline backend, as on Colab: figures are outputs nbval compares
     return env
+
+
+def clean_source(dest: Path) -> Path:
+    """The tracked files of this checkout, as the repository URL would give them: no stale ``build/`` folder (setuptools
+    would install its older copies of the modules), no virtual environment, no runs."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode:  # not a git checkout: everything but what the build and the runs leave behind
+        skip = shutil.ignore_patterns("build", ".venv", "runs", "_build", "*.egg-info", ".git", "__pycache__", "_mathjax")
+        return Path(shutil.copytree(ROOT, dest, ignore=skip))
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
 
 
 @pytest.mark.slow

@@ -29,6 +29,14 @@ def test_summary_mean_and_std_over_seeds():
     assert "2.010 ± 0.010" in table and "mean ± std over 3 seeds" in table
 
 
+def test_table_header_counts_the_seeds_of_the_rows_it_shows():
+    rows = rows_from({"alibi": (2.0, 2.0, 2.0)}, seeds=(0, 1, 2)) + rows_from({"rope/yarn+ft": (3.0, 3.0, 3.0)})
+    assert "over 1/3 seeds" in report.markdown_table(rows, "nonoverlapping")
+    assert "over 3 seeds" in report.markdown_table(rows, "nonoverlapping", labels=["alibi"])
+    only = report.markdown_table(rows, "nonoverlapping", labels=["alibi"], lengths=[512, 128])
+    assert only.splitlines()[0].endswith("| 512 | 128 |")
+
+
 def test_compare_resolves_only_beyond_two_standard_errors():
     assert report.compare([1.0, 1.1, 0.9], [2.0, 2.1, 1.9]).sign == "<"
     assert report.compare([1.0, 1.5, 0.5], [1.2, 1.7, 0.7]).sign == "~"  # inside the noise

@@ -1,0 +1,65 @@
+"""The committed results: one loader for a checkout and an installed package (chapters opened alone on Colab)."""
+
+import pytest
+import torch
+
+from posenc_lab import PosencError, report, results
+
+
+@pytest.mark.parametrize("name", ["cpu", "cpu-finetune", "article-cpu", "retrieval-cpu"])
+def test_every_committed_run_loads(name):
+    rows, units, config = results.load(name)
+    assert rows and units and config["spec"]
+    assert {(u["encoding"], u["seed"]) for u in units} == {(r["encoding"], r["seed"]) for r in rows}
+
+
+def test_committed_benchmarks_load():
+    for name in ("cpu-attention", "cpu-train", "cpu-long-eval", "cpu-levers", "cpu-generate", "cpu-peer"):
+        bench = results.benchmark(name)
+        assert bench["rows"] and bench["environment"]
+
+
+def test_unknown_results_are_a_clear_error():
+    with pytest.raises(PosencError, match="no committed results named 'nope-run'"):
+        results.load("nope-run")
+    with pytest.raises(PosencError, match="no committed benchmark"):
+        results.benchmark("gpu-dreams")
+
+
+def test_committed_models_reproduce_their_committed_numbers():
+    """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32."""
+    from posenc_lab.data import load_corpus
+    from posenc_lab.evaluate import evaluate
+
+    rows, _, config = results.load("article-cpu")
+    spec = config["spec"]
+    model = results.model("article-cpu", "alibi")
+    assert model.cfg.train_len == spec["train_len"] and not model.training
+    stream = load_corpus("stdlib").stream("test")
+    got = evaluate(model, stream, length=spec["train_len"], tokens=spec["eval_tokens"], mode="nonoverlapping")
+    want = next(r for r in rows if r["encoding"] == "alibi" and r["seed"] == 0 and r["eval_len"] == spec["train_len"]
+                and r["eval_mode"] == "nonoverlapping")
+    assert got["loss"] == pytest.approx(want["loss"], rel=2e-3)  # float16 weights: close, not equal
+
+
+def test_export_models_writes_float16_weights(tmp_path):
+    from posenc_lab.model import GPT, GPTConfig
+
+    run = tmp_path / "run"
+    (run / "models").mkdir(parents=True)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="alibi", n_layer=1, n_head=2, d_model=16, train_len=8))
+    torch.save(model.state_dict(), run / "models" / "alibi-s0.pt")
+    (written,) = results.export_models(run, "toy", ["alibi"], root=tmp_path / "results")
+    state = torch.load(written, weights_only=True)
+    assert all(v.dtype == torch.float16 for v in state.values() if v.is_floating_point())
+    assert written.stat().st_size < (run / "models" / "alibi-s0.pt").stat().st_size
+
+
+def test_readme_headline_is_the_committed_results():
+    """No hand-typed number: the README's headline tables and verdicts are report.headline() of results/article-cpu."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows, _, _ = results.load("article-cpu")
+    assert report.headline(rows) in readme, "README's headline differs from results/article-cpu: paste report.headline()"
