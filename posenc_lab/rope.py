@@ -241,12 +241,10 @@ def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000
     had been fed one token at a time). Shape ``... n d/2``.
     """
     check_even("RoPE head dimension", dim)
-    if dim <= 2:
-        raise PosencError(f"NTK scaling needs a head dimension above 2 (its exponent is d/(d-2)), got {dim}")
     p = positions.to(torch.float64)
     s = ((p + 1) / train_len).clamp(min=1.0)  # ... n
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=p.device) / dim  # f
-    bases = base * s[..., None] ** (dim / (dim - 2))  # ... n 1
+    bases = ntk_base(base, s[..., None], dim)  # ... n 1: the NTK base of each position's own length
     return p[..., None] * bases ** -exponents
 
 
