@@ -1,4 +1,4 @@
-"""Command line: ``python -m posenc_lab run|report|presets`` (also installed as ``posenc-lab``)."""
+"""Command line: ``python -m posenc_lab run|retrieval|report|presets|--version`` (also installed as ``posenc-lab``)."""
 
 from __future__ import annotations
 
@@ -54,11 +54,45 @@ def _floats(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def version_text() -> str:
+    """The package's version and, for each committed run shipped with it, the commits of ``posenc_lab`` that
+    produced its results (the ``git_commit`` of its rows; ``-dirty``: the package's source had uncommitted edits)."""
+    from collections import Counter
+    from pathlib import Path
+
+    from . import __version__, results
+
+    lines = [f"posenc-lab {__version__} ({Path(__file__).resolve().parent})",
+             "committed results shipped with it, by the posenc_lab commit that produced them:"]
+    for name in results.RUNS:
+        try:
+            rows = results.read_json(name, "results.json")
+        except (PosencError, OSError):
+            lines.append(f"  {name}: not shipped")
+            continue
+        commits = Counter(str(row.get("git_commit", "unknown")) for row in rows)
+        lines.append(f"  {name}: " + ", ".join(f"{c[:12]}{'-dirty' if c.endswith('-dirty') else ''} ({n} rows)"
+                                               for c, n in sorted(commits.items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    """``--version``: print :func:`version_text` and exit (read only when asked for)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     from .experiment import PRESETS
 
     p = argparse.ArgumentParser(prog="posenc-lab", description="Train with each position encoding at one length, "
                                 "evaluate far beyond it.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=_Version, help="the package's version and the commits of the results it ships")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="train and evaluate (continues an interrupted run)", epilog=EPILOG,

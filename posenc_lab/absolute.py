@@ -56,6 +56,8 @@ class LearnedPositions(nn.Module):
         self.table = nn.Parameter(torch.randn(max_len, dim) * init_std)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """The learned vectors at ``positions`` (``... n -> ... n d``); :class:`PositionOutOfRange` past the table's
+        end."""
         if torch.compiler.is_compiling():  # reading values would break the graph: the model's positions are 0 .. n-1
             first, last = 0, positions.shape[-1] - 1
         else:

@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 
 from .encodings import Encoding, NoPE
-from .errors import PosencError, unknown_name
+from .errors import PosencError, check_positions, unknown_name
 
+#: the backends :func:`attention` accepts (``auto``: :func:`choose_backend`)
 BACKENDS = ("auto", "reference", "sdpa", "flex")
 #: queries per block of the ``sdpa`` backend's causal attention with a bias
 BLOCK = 512
@@ -62,8 +63,7 @@ def _check_inputs(q, k, v, positions) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor) or positions.shape != (n,):
         shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
         raise PosencError(f"positions must have shape ({n},), got {shape}")
-    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise PosencError(f"positions must be integers, got {positions.dtype}")
+    check_positions(positions)
     return positions.to(q.device)
 
 
@@ -111,9 +111,13 @@ def future_mask(nq: int, nk: int, device, offset: int | None = None) -> torch.Te
 
 
 def _distance_range(q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[int, int]:
-    """The smallest and largest signed distance ``i - j`` between a query and a key position."""
-    if torch.compiler.is_compiling():  # reading values would break the graph: the model's positions are 0 .. n-1
-        return -(k_pos.shape[-1] - 1), q_pos.shape[-1] - 1
+    """The smallest and largest signed distance ``i - j`` between a query and a key position.
+
+    Under ``torch.compile``, where reading values would break the graph, the positions are taken to be
+    the model's: keys ``0 .. n_k-1`` and the queries the last ``n_q`` of them (as with a key/value cache).
+    """
+    if torch.compiler.is_compiling():
+        return 1 - q_pos.shape[-1], k_pos.shape[-1] - 1
     return int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
 
 
@@ -142,10 +146,11 @@ def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, 
     consecutive positions (every forward pass of the model) the mask is that table laid out as a
     Toeplitz matrix (:func:`toeplitz`), with the causal ``-inf`` written into the table's negative
     distances, otherwise one gather. FIRE, whose bias also depends on the query position, is
-    evaluated at every pair.
+    evaluated at every pair, and so is every bias under ``torch.compile`` (which cannot read the
+    positions to size a table, and fuses the pairwise formula instead).
     """
     nq, nk = q_pos.shape[-1], k_pos.shape[-1]
-    if encoding.distance_only_at(q_pos):
+    if encoding.distance_only_at(q_pos) and not torch.compiler.is_compiling():
         lo, hi = _distance_range(q_pos, k_pos)
         table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device)).to(dtype)  # h d
         if _is_range(q_pos) and _is_range(k_pos):
@@ -166,12 +171,12 @@ def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, 
     return rearrange(mask, "h i j -> 1 h i j")
 
 
-def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
-              dtype: torch.dtype) -> torch.Tensor | None:
+def _memo_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
+               dtype: torch.dtype) -> torch.Tensor | None:
     """The whole ``(1, h, n_q, n_k)`` mask of :func:`bias_block`, memoised (:meth:`Encoding.memo`): built
     once per forward pass and shared by its layers, and, when no gradient flows into it (evaluation,
-    generation, ALiBi), kept across forward passes while the positions stay the same. None when
-    there is no bias."""
+    generation, ALiBi), kept across forward passes while the positions and the encoding stay the same.
+    The memo's own tensor, for the backends only (they never write to it). None when there is no bias."""
     if not encoding.has_bias:
         return None
     offset = k_pos.shape[-1] - q_pos.shape[-1]
@@ -179,10 +184,18 @@ def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, c
                          lambda: bias_block(encoding, q_pos, k_pos, causal=causal, offset=offset, dtype=dtype))
 
 
+def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
+              dtype: torch.dtype) -> torch.Tensor | None:
+    """The ``(1, h, n_q, n_k)`` mask the ``sdpa`` backend uses (a copy of the memoised one: yours to edit), or None."""
+    mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=dtype)
+    return None if mask is None else mask.clone()
+
+
 def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = False) -> torch.Tensor | None:
-    """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions``, as the ``sdpa`` backend uses it."""
-    mask = bias_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
-    return None if mask is None else mask[0]
+    """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions``, as the ``sdpa`` backend uses it
+    (a copy of the memoised mask: editing it changes nothing the backends use)."""
+    mask = _memo_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
+    return None if mask is None else mask[0].clone()
 
 
 # --------------------------------------------------------------------------------------------- backends
@@ -215,7 +228,7 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
     whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
-    mask = bias_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
+    mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
     if nq <= BLOCK and mask is not None:
         if mask.requires_grad and q.device.type == "cpu":
             return _softmax_attention(q, k, v, mask)

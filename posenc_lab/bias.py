@@ -18,17 +18,21 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .errors import PosencError
+from .errors import PosencError, check_positions
 
 
 def check_heads(num_heads) -> None:
+    """Raise :class:`PosencError` unless ``num_heads`` is a positive integer."""
     if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
         raise PosencError(f"the number of heads must be a positive integer, got {num_heads!r}")
 
 
 def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """``m - n`` for every query position ``m`` and key position ``n``: shape ``nq x nk``."""
-    return rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j")
+    """``m - n`` for every query position ``m`` and key position ``n``: shape ``nq x nk``, in int64 (no narrow type
+    wraps around); signed integer positions only (:func:`check_positions`)."""
+    check_positions(q_pos)
+    check_positions(k_pos)
+    return rearrange(q_pos.long(), "i -> i 1") - rearrange(k_pos.long(), "j -> 1 j")
 
 
 # --------------------------------------------------------------------------------------------- ALiBi
@@ -109,6 +113,7 @@ class T5Bias(nn.Module):
         self.table = nn.Parameter(torch.zeros(num_buckets, num_heads))
 
     def buckets(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bucket of every query-key pair, :func:`t5_bucket` of ``n - m``: shape ``nq x nk``."""
         return t5_bucket(
             -distances(q_pos, k_pos),
             bidirectional=self.bidirectional,
@@ -117,6 +122,7 @@ class T5Bias(nn.Module):
         )
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias ``b[h, m, n] = table[bucket(n - m), h]``: shape ``h x nq x nk``."""
         return rearrange(self.table[self.buckets(q_pos, k_pos)], "i j h -> h i j")
 
 
@@ -134,6 +140,8 @@ def kerple_log_bias(r1: torch.Tensor, r2: torch.Tensor, q_pos: torch.Tensor, k_p
 
 
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """The ``x`` with ``softplus(x) = y`` (for ``y > 0``): how a parameter kept positive through a softplus starts
+    at ``y``."""
     return y + torch.log(-torch.expm1(-y))
 
 
@@ -149,9 +157,11 @@ class KerpleLog(nn.Module):
         self.raw_r2 = nn.Parameter(inverse_softplus(init_r2 * spread))
 
     def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positive parameters ``(r1, r2)`` per head: the softplus of the raw learned ones."""
         return F.softplus(self.raw_r1), F.softplus(self.raw_r2)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias :func:`kerple_log_bias` with the current parameters: shape ``h x nq x nk``."""
         return kerple_log_bias(*self.params(), q_pos, k_pos)
 
 
@@ -192,9 +202,12 @@ class FIRE(nn.Module):
         self.raw_threshold = nn.Parameter(inverse_softplus(torch.tensor(float(init_threshold))))
 
     def params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positive parameters ``(c, L~)``: the softplus of the raw learned ones."""
         return F.softplus(self.raw_c), F.softplus(self.raw_threshold)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias ``b[h, m, n]`` for query positions ``q_pos`` and key positions ``k_pos``: shape ``h x nq x nk``,
+        computed a few query rows at a time."""
         # query rows in chunks, so that the MLP's hidden activations (rows x keys x hidden) stay small
         rows = max(1, self.CHUNK // max(1, k_pos.shape[-1] * self.mlp[0].out_features))
         chunks = [self._rows(q_pos[i : i + rows], k_pos) for i in range(0, q_pos.shape[-1], rows)]

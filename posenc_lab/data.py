@@ -43,6 +43,8 @@ class Corpus:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
     def describe(self) -> dict:
+        """The corpus's name, metadata and the size of each split in bytes and documents, as recorded with every
+        result."""
         sizes = {s: sum(len(b) for _, b in docs) for s, docs in self.documents.items()}
         return {"corpus": self.name, **self.meta, **{f"{s}_bytes": n for s, n in sizes.items()},
                 **{f"{s}_documents": len(d) for s, d in self.documents.items()}}
@@ -55,6 +57,7 @@ def split_of(name: str, fractions: tuple[float, float, float] = (0.9, 0.05, 0.05
 
 
 def content_hash(documents: Iterable[tuple[str, bytes]]) -> str:
+    """SHA-256 over the documents' names and contents, whatever their order: the corpus's identity in the results."""
     h = hashlib.sha256()
     for name, body in sorted(documents):
         h.update(name.encode() + b"\x00" + hashlib.sha256(body).digest())
@@ -77,6 +80,8 @@ def from_documents(name: str, documents: list[tuple[str, bytes]], meta: dict | N
 
 
 def stdlib_documents() -> list[tuple[str, bytes]]:
+    """The ``.py`` files of the running Python's standard library, without its test suites, as ``(name, bytes)``
+    pairs."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs = []
     for path in sorted(root.rglob("*.py")):
@@ -101,6 +106,8 @@ def _is_text(body: bytes) -> bool:
 
 
 def path_documents(path: Path) -> list[tuple[str, bytes]]:
+    """The text files at ``path`` (a file, or every file under a folder) as ``(name, bytes)`` pairs; binary files
+    are skipped."""
     if not path.exists():
         raise PosencError(f"corpus path {str(path)!r} does not exist")
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
@@ -109,7 +116,7 @@ def path_documents(path: Path) -> list[tuple[str, bytes]]:
 
 
 def wikitext_articles(lines: Iterable[str]) -> list[str]:
-    """Group WikiText rows into articles: a new article starts at each top-level heading `` = Title = ``."""
+    """Group WikiText rows into articles: a new article starts at each top-level heading ``= Title =``."""
     articles: list[list[str]] = []
     for line in lines:
         stripped = line.strip()
@@ -156,15 +163,78 @@ def load_corpus(spec: str = "stdlib") -> Corpus:
     return from_documents(path.name or str(path), path_documents(path), {"source": str(path.resolve())})
 
 
+@dataclass
+class EvalText:
+    """The evaluation text: ``context`` bytes of lead-in, then the scored bytes, one document index per byte.
+
+    ``stream`` holds the bytes (uint8), ``documents[i]`` the index in ``names`` of the document byte
+    ``i`` comes from (the separator before a document counts as that document's), ``cap`` the most
+    bytes taken from one document.
+    """
+
+    stream: torch.Tensor
+    documents: torch.Tensor
+    names: list[str]
+    context: int
+    tokens: int
+    cap: int
+
+    def describe(self) -> dict:
+        """What every result records about the text: scored bytes, context, document cap, the number of documents
+        scored from, and a SHA-256 of the bytes read."""
+        scored = self.documents[self.context + 1 : self.context + self.tokens + 1]
+        counts = torch.bincount(scored.long(), minlength=len(self.names))
+        return {"eval_text_bytes": self.tokens, "eval_context": self.context, "eval_document_cap": self.cap,
+                "eval_documents": int((counts > 0).sum()), "eval_text_sha256": hashlib.sha256(
+                    self.stream[: self.context + self.tokens + 1].numpy().tobytes()).hexdigest()}
+
+
+def evaluation_text(corpus: Corpus, tokens: int, *, context: int = 0, split: str = "test",
+                    granularity: int = 1024) -> EvalText:
+    """The first ``cap`` bytes of every document of ``split`` (in name order), joined, with the
+    smallest ``cap`` (a multiple of ``granularity``) that yields ``context + tokens + 1`` bytes.
+
+    Capping every document at the same size spreads the scored text over as many documents as the
+    split has, instead of the first few long ones; within a document the text stays contiguous, so
+    long windows still read long stretches of one file. Raises when the whole split is too short.
+    """
+    if split not in SPLITS:
+        raise PosencError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    check = tokens + context + 1
+    docs = corpus.documents[split]
+    longest = max((len(b) for _, b in docs), default=0)
+    available = sum(len(b) for _, b in docs) + len(docs) - 1
+    if available < check:
+        raise PosencError(f"the {split} split of {corpus.name!r} has {available} bytes, fewer than the "
+                          f"{check} the evaluation needs ({context} of lead-in + {tokens} scored + 1): "
+                          "lower --eval-tokens or use a larger corpus")
+
+    def joined(cap):
+        return sum(min(len(b), cap) for _, b in docs) + len(docs) - 1
+
+    cap = granularity
+    while joined(cap) < check and cap < longest:
+        cap += granularity
+    data, owner = bytearray(), []
+    for i, (_, body) in enumerate(docs):
+        piece = (SEPARATOR if i else b"") + body[:cap]
+        data += piece
+        owner += [i] * len(piece)
+    stream = torch.frombuffer(data, dtype=torch.uint8).clone()
+    return EvalText(stream, torch.tensor(owner, dtype=torch.int32), [n for n, _ in docs], context, tokens, cap)
+
+
 def batch_at(stream: torch.Tensor, step: int, *, batch_size: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The training batch of ``step``: random windows drawn from a generator seeded by ``(seed, step)``.
 
     A pure function of its arguments, so a run resumed at any step sees exactly the batches an
     uninterrupted run would have seen. Returns inputs and next-byte targets, ``b n`` int64.
     """
-    if len(stream) < length + 2:
-        raise PosencError(f"the training text has {len(stream)} bytes, fewer than one window of {length + 1}")
+    if len(stream) < length + 1:
+        raise PosencError(f"the training text has {len(stream)} bytes, fewer than one window of {length + 1} "
+                          f"(length {length} inputs and their next-byte targets)")
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(0, len(stream) - length - 1, (batch_size,), generator=g)
+    # every start 0 .. len - length - 1 (randint's bound is exclusive): the stream's last byte is a target too
+    starts = torch.randint(0, len(stream) - length, (batch_size,), generator=g)
     windows = torch.stack([stream[s : s + length + 1] for s in starts.tolist()]).long()
     return windows[:, :-1], windows[:, 1:]

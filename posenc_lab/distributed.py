@@ -1,4 +1,4 @@
-"""Everything about several processes, in one place: data-parallel training and sharded evaluation under ``torchrun``.
+"""Everything about several processes, in one place: data-parallel training and sharded evaluation under ``torchrun``::
 
     torchrun --nproc_per_node 8 -m posenc_lab run --preset paper                    # one node, 8 GPUs
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d \\
@@ -38,6 +38,7 @@ _STATE = {"active": False, "rank": 0, "world": 1, "local_rank": 0}
 
 
 def launched_by_torchrun() -> bool:
+    """Whether this process is one of several started by ``torchrun`` (``WORLD_SIZE`` above 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
@@ -73,6 +74,7 @@ def init(device: torch.device | None = None, *, backend: str | None = None, time
 
 
 def shutdown() -> None:
+    """Leave the process group if one was joined; nothing otherwise."""
     if _STATE["active"]:
         import torch.distributed as dist
 
@@ -82,14 +84,17 @@ def shutdown() -> None:
 
 
 def active() -> bool:
+    """Whether this process is part of a process group (after :func:`init`)."""
     return _STATE["active"]
 
 
 def rank() -> int:
+    """This process's rank; 0 when running alone."""
     return _STATE["rank"]
 
 
 def world_size() -> int:
+    """The number of processes; 1 when running alone."""
     return _STATE["world"]
 
 
@@ -99,6 +104,7 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
+    """Wait until every process gets here; nothing when running alone."""
     if _STATE["active"]:
         import torch.distributed as dist
 

@@ -19,6 +19,8 @@ the model's shape.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -42,6 +44,91 @@ def position_span(positions: torch.Tensor) -> int:
 _MEMO = "_memo"
 
 
+def _frozen(value):
+    """A copy of ``value`` that no later edit of the original reaches (tensors cloned, lists and dicts copied)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_frozen(v) for v in value)
+    return value
+
+
+def _same(a, b) -> bool:
+    """Whether ``a`` and ``b`` hold the same values (tensors: dtype, shape, device and every element)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and a.device == b.device and torch.equal(a, b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same, a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # values that cannot be compared count as changed
+        return False
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The version counter of ``t`` (bumped by every in-place change); None for an inference tensor, which has none."""
+    return None if t.is_inference() else t._version
+
+
+def _tensors_of(value) -> tuple[torch.Tensor, ...]:
+    return (value,) if isinstance(value, torch.Tensor) else tuple(t for t in value if isinstance(t, torch.Tensor))
+
+
+class _Entry:
+    """One memoised value and everything it was computed from (see :meth:`Encoding.memo`)."""
+
+    __slots__ = ("mode", "inputs", "state", "attributes", "value", "versions", "alive")
+
+    def __init__(self, mode, inputs, encoding, value):
+        self.mode = mode
+        self.inputs = tuple((weakref.ref(t), t.detach().clone()) for t in inputs)
+        self.state = tuple((name, weakref.ref(t), _version(t), t.data_ptr(), t.requires_grad, t.detach().clone())
+                           for name, t in encoding.memo_state())
+        self.attributes = _frozen(encoding.memo_attributes())
+        self.value = value
+        self.versions = tuple(_version(t) for t in _tensors_of(value))
+        self.alive = [True]
+        for t in _tensors_of(value):
+            if t.requires_grad:  # a backward pass frees the graph the value carries: it may not serve again
+                t.register_hook(functools.partial(_spent, self.alive))
+
+    def serves(self, mode, inputs, encoding) -> bool:
+        grad = mode[1]
+        if mode != self.mode or not self.alive[0] or len(inputs) != len(self.inputs):
+            return False
+        if any(_version(t) != v for t, v in zip(_tensors_of(self.value), self.versions)):
+            return False  # the value itself was edited in place (through a view of it)
+        for t, (ref, saved) in zip(inputs, self.inputs):
+            if (grad and ref() is not t) or not _same(saved, t):
+                return False  # a graph is shared by one forward pass only: the very same positions tensor
+        state = encoding.memo_state()
+        if len(state) != len(self.state):
+            return False
+        for (name, t), (saved_name, ref, version, ptr, requires_grad, saved) in zip(state, self.state):
+            if name != saved_name or t.requires_grad != requires_grad or not _same(saved, t):
+                return False
+            if grad and (ref() is not t or _version(t) != version or t.data_ptr() != ptr):
+                return False  # the graph holds this very parameter, as it was
+        return _same(self.attributes, encoding.memo_attributes())
+
+
+def _spent(alive: list, grad):
+    alive[0] = False
+
+
+def _mode(tensors) -> tuple:
+    device = tensors[0].device.type if tensors else "cpu"
+    autocast = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return torch.is_inference_mode_enabled(), autocast
+
+
 class Encoding(nn.Module):
     """Base class: every hook defaults to "do nothing" (which is NoPE)."""
 
@@ -49,6 +136,8 @@ class Encoding(nn.Module):
     hook = "none"
     #: True when the bias depends on the signed distance ``i - j`` only (then ``distance_bias`` is defined)
     distance_only = False
+    #: for a variant of another encoding (a different recipe of the same idea), that encoding's name
+    variant_of: str | None = None
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` is ``b n d_model``; returns the embeddings with position information added."""
@@ -65,6 +154,7 @@ class Encoding(nn.Module):
 
     @property
     def has_bias(self) -> bool:
+        """Whether the encoding enters through the ``bias`` hook."""
         return self.hook == "bias"
 
     #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
@@ -93,29 +183,44 @@ class Encoding(nn.Module):
         return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 
     def memo(self, slot: str, tensors: tuple[torch.Tensor, ...], extra, compute: Callable):
-        """``compute()`` once, reused while the same inputs come back.
+        """``compute()`` once, reused only while everything it depends on is unchanged.
 
-        *The same* means: the very same ``tensors`` objects (the next layer of one forward pass), or,
-        when nothing here takes part in autograd, tensors of equal values (the next window of an
-        evaluation, the next step of generation). A parameter update (its version counter), a change
-        of grad mode, of ``extra``, dtype or device recomputes. Bypassed under ``torch.compile``,
-        which fuses the work instead. A value that carries an autograd graph is never reused by a
-        later forward pass.
+        The contract: an entry serves again only if (1) the ``tensors`` (the positions) hold the same
+        values, dtype and device, and, when the value carries an autograd graph, are the very same
+        objects (the layers of one forward pass) and no backward pass has run through it yet; (2) every
+        parameter and buffer of the encoding and its submodules holds the same values (compared with
+        a private copy, which catches writes through ``.data``, ``load_state_dict``, new parameter
+        objects and dtype round trips), and, with a graph, is the same object at the same version and
+        storage (held by weak reference: a new tensor at a freed address never matches); (3) every
+        plain attribute of the encoding and its submodules (``base``, ``factor``, ``max_distance``,
+        options dicts) equals a copy taken when the value was computed, so setting one directly is
+        safe; (4) ``extra``, grad mode (with a parameter that requires grad), inference mode and
+        autocast are the same; and (5) the value itself has not been edited in place. It never hands
+        the memoised value to a caller outside the package: :meth:`~posenc_lab.encodings.RoPE.cos_sin`,
+        :meth:`~posenc_lab.encodings.RoPE.spread_tables`, :func:`~posenc_lab.backends.bias_mask` and
+        :func:`~posenc_lab.backends.bias_tensor` return copies. Bypassed under ``torch.compile``, which
+        fuses the work instead.
         """
         if torch.compiler.is_compiling():
             return compute()
-        grad = self.needs_grad()
-        key = (tuple((id(p), p._version) for p in self.parameters()), grad, extra,
-               tuple((t.shape, t.dtype, t.device) for t in tensors))
+        mode = (extra, self.needs_grad()) + _mode(tensors)
         store = self.__dict__.setdefault(_MEMO, {})
-        hit = store.get(slot)
-        if hit is not None and hit[0] == key:
-            same = all(a is b for a, b in zip(hit[1], tensors))
-            if same or (not grad and all(torch.equal(a, b) for a, b in zip(hit[2], tensors))):
-                return hit[3]
+        entry = store.get(slot)
+        if entry is not None and entry.serves(mode, tensors, self):
+            return entry.value
         value = compute()
-        store[slot] = (key, tensors, tuple(t.detach().clone() for t in tensors), value)
+        store[slot] = _Entry(mode, tensors, self, value)
         return value
+
+    def memo_state(self) -> list[tuple[str, torch.Tensor]]:
+        """The tensors a memoised value depends on: every parameter and buffer, with its name."""
+        return [(f"{prefix}.{name}", t) for prefix, module in self.named_modules()
+                for tensors in (module._parameters, module._buffers) for name, t in tensors.items() if t is not None]
+
+    def memo_attributes(self) -> list[tuple[str, str, object]]:
+        """The plain attributes a memoised value depends on: ``(module, name, value)`` of every public one."""
+        return [(prefix, name, value) for prefix, module in self.named_modules()
+                for name, value in module.__dict__.items() if name[0] != "_" and name != "training"]
 
     def clear_cache(self) -> None:
         """Drop every memoised table and bias (they are rebuilt on the next call)."""
@@ -133,22 +238,49 @@ class NoPE(Encoding):
 class Sinusoidal(Encoding):
     """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); see :func:`absolute.sinusoidal_encoding`.
 
-    The table is multiplied by ``scale``. Its entries have RMS ``1/sqrt(2)``, while our token
-    embeddings start at std 0.02 (GPT-2); unscaled, the position signal would swamp the tokens.
-    The default ``0.02 * sqrt(2)`` gives the sinusoids the RMS of a freshly initialised learned
-    table, so sinusoidal and learned start on equal terms. (Vaswani et al. instead multiply the
-    embeddings by ``sqrt(d_model)``; ``scale=1`` gives the unscaled table.)
+    ``embed(x) = token_scale * x + scale * PE``. The defaults follow the recipe of the papers'
+    code: Vaswani et al. (2017, sec. 3.4) multiply the token embeddings by ``sqrt(d_model)`` and add
+    the unit-amplitude table (entries in ``[-1, 1]``, RMS ``1/sqrt(2)``), and so does fairseq's
+    Transformer language model, which the ALiBi paper (Press et al. 2022) trained its sinusoidal
+    baseline with (``embed_scale = sqrt(d)``, ``SinusoidalPositionalEmbedding``). We keep the paper's
+    frequencies ``theta_i = b ** (-2i/d)`` and interleaved layout; fairseq's table uses the exponent
+    ``i / (d/2 - 1)`` and ``[sin | cos]`` halves, a fixed permutation and a slightly different
+    spread of frequencies, not a different amount of position signal. Our token embeddings keep the
+    GPT-2 initialisation of every other encoding (std 0.02), so at initialisation the sinusoids are
+    about 3x the scaled tokens; fairseq initialises tokens at std ``d ** -0.5``.
+
+    The variant :class:`SinusoidalSmall` (``sinusoidal-small``) is the table scaled to RMS 0.02 with
+    unscaled tokens, which this project used before: its position signal shrinks relative to the
+    tokens as they grow during training.
     """
 
     name, hook = "sinusoidal", "embed"
 
-    def __init__(self, d_model: int, *, base: float = 10000.0, scale: float = 0.02 * 2**0.5):
+    def __init__(self, d_model: int, *, base: float = 10000.0, scale: float = 1.0, token_scale: float | None = None):
         super().__init__()
         check_even("d_model for sinusoidal positions", d_model)
         self.d_model, self.base, self.scale = d_model, base, scale
+        self.token_scale = d_model**0.5 if token_scale is None else token_scale
 
     def embed(self, x, positions):
-        return x + (self.scale * absolute.sinusoidal_encoding(positions, self.d_model, self.base)).to(x.dtype)
+        pe = (self.scale * absolute.sinusoidal_encoding(positions, self.d_model, self.base)).to(x.dtype)
+        return (x * self.token_scale if self.token_scale != 1 else x) + pe
+
+    def extra_repr(self) -> str:
+        return f"hook=embed, scale={self.scale:g}, token_scale={self.token_scale:g}"
+
+
+class SinusoidalSmall(Sinusoidal):
+    """Sinusoids scaled to the RMS of a fresh GPT-2 embedding (``0.02 * sqrt(2) * PE``), tokens unscaled.
+
+    The amplitude variant of :class:`Sinusoidal`: both start on equal terms with a learned table
+    (std 0.02), but the position signal stays fixed while the trained token embeddings grow.
+    """
+
+    name, variant_of = "sinusoidal-small", "sinusoidal"
+
+    def __init__(self, d_model: int, *, base: float = 10000.0):
+        super().__init__(d_model, base=base, scale=0.02 * 2**0.5, token_scale=1.0)
 
 
 class Learned(Encoding):
@@ -213,7 +345,10 @@ class RoPE(Encoding):
         return self
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos`` and ``sin`` tables (``n d/2``) in ``dtype``, attention factor included; memoised (:meth:`memo`)."""
+        """``cos`` and ``sin`` tables (``n d/2``) in ``dtype``, attention factor included (a copy of the memoised ones)."""
+        return tuple(t.clone() for t in self._memo_cos_sin(positions, dtype))
+
+    def _memo_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.memo(f"cos_sin/{dtype}", (positions,), dtype, lambda: self._cos_sin(positions, dtype))
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,15 +362,18 @@ class RoPE(Encoding):
         return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
     def spread_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`rope.spread_tables` of :meth:`cos_sin`, memoised the same way."""
+        """:func:`rope.spread_tables` of :meth:`cos_sin` (a copy of the memoised ones)."""
+        return tuple(t.clone() for t in self._memo_spread_tables(positions, dtype))
+
+    def _memo_spread_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.memo(f"spread/{dtype}", (positions,), dtype,
-                         lambda: rope.spread_tables(*self.cos_sin(positions, dtype), self.layout))
+                         lambda: rope.spread_tables(*self._memo_cos_sin(positions, dtype), self.layout))
 
     def rotate(self, q, k, positions):
         return self.rotate_one(q, positions, "q"), self.rotate_one(k, positions, "k")
 
     def rotate_one(self, x, positions, role):
-        cos, sin = self.spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
+        cos, sin = self._memo_spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
         return rope.rotate_with(x, cos, sin, self.layout)
 
     @property
@@ -377,14 +515,19 @@ class Fire(_BiasEncoding):
         return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
 
 
+#: the one registry of encodings: name -> class (:func:`make_encoding` builds one from the model's shape)
 ENCODINGS: dict[str, type[Encoding]] = {
-    cls.name: cls for cls in (NoPE, Sinusoidal, Learned, RoPE, XPos, ALiBi, T5, Kerple, Fire)
+    cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, XPos, ALiBi, T5, Kerple, Fire)
 }
+
+#: the encodings themselves, without their variants (the default of every experiment)
+PRIMARY: tuple[str, ...] = tuple(name for name, cls in ENCODINGS.items() if cls.variant_of is None)
 
 # how each encoding is built from the model's shape: (d_model, num_heads, head_dim, train_len) -> kwargs
 _SHAPE_ARGS: dict[str, Callable[[int, int, int, int], dict]] = {
     "nope": lambda d, h, hd, L: {},
     "sinusoidal": lambda d, h, hd, L: {"d_model": d},
+    "sinusoidal-small": lambda d, h, hd, L: {"d_model": d},
     "learned": lambda d, h, hd, L: {"d_model": d, "max_len": L},
     "rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
     "xpos": lambda d, h, hd, L: {"head_dim": hd},

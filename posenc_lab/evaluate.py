@@ -1,14 +1,20 @@
-"""Evaluation at any length: non-overlapping and sliding windows, and the loss at each position.
+"""Evaluation at any length: non-overlapping and sliding windows, per document and per position.
 
-Both modes score exactly the same target tokens, the bytes ``1 .. tokens`` of the evaluation
-stream, once each, so every length, mode and encoding is measured on the same text:
+The scored text is the ``tokens`` bytes that follow ``context`` bytes of lead-in: targets
+``context + 1 .. context + tokens`` of the evaluation stream. Every length and encoding scores the
+same targets, once each:
 
-* ``nonoverlapping``: windows ``[0, L), [L, 2L), ...``; token ``t`` of a window sees ``t`` tokens
-  of context, so the average mixes short and long contexts.
-* ``sliding`` (stride ``S``): the first window scores all its ``L`` targets; each next window moves
-  ``S`` tokens and scores only its last ``S``, so every later token sees at least ``L - S``
-  tokens of context (Press et al. 2022 evaluate with ``S = 1`` at great cost; ``S < L`` trades
-  compute for context).
+* ``nonoverlapping``: windows ``[c, c + L), [c + L, c + 2L), ...`` (``c = context``); target ``t`` of a
+  window sees ``t`` bytes of context, so the average mixes short and long contexts.
+* ``sliding`` (stride ``S``), as Press et al. (2022) define it: each window of ``L`` bytes scores only
+  its last ``S`` targets, so **every scored byte sees at least** ``L - S`` **bytes of context** and at
+  most ``L - 1``. The window of the first ``S`` targets reaches ``L - S`` bytes back into the lead-in;
+  with less lead-in than that (``context < L - S``), the first targets, which would have less
+  context, are not scored and the result says how many were left out (``unscored``). Press et al.
+  use ``S = 1`` at great cost; ``S < L`` trades compute for context.
+
+With a document index per byte (``documents``), the loss is also summed per document, so that the
+spread over documents (a bootstrap in :mod:`report`) can stand beside the spread over seeds.
 """
 
 from __future__ import annotations
@@ -23,30 +29,47 @@ from .errors import PosencError, PositionOutOfRange, check_positive
 from . import distributed
 from .train import autocast, clear_oom, flush_denormals
 
+#: the evaluation modes (see above)
 MODES = ("nonoverlapping", "sliding")
 
 
-def window_plan(tokens: int, length: int, mode: str, stride: int | None = None) -> list[tuple[int, int]]:
-    """``(start, first scored position)`` of each window of ``length`` covering targets ``1 .. tokens``."""
+def window_plan(tokens: int, length: int, mode: str, stride: int | None = None, context: int = 0) -> list[tuple[int, int]]:
+    """``(start, first scored position)`` of each window of ``length`` covering the scored targets.
+
+    The scored targets are ``context + 1 .. context + tokens``; see the module docstring for the two
+    modes. In ``sliding`` mode with ``context < length - stride``, the windows that would start before
+    the stream are left out, and so are their targets (:func:`unscored` counts them).
+    """
     check_positive("evaluation length", length)
     check_positive("evaluation tokens", tokens)
+    if context < 0:
+        raise PosencError(f"the lead-in context must be >= 0, got {context}")
     if mode not in MODES:
         raise PosencError(f"unknown evaluation mode {mode!r}; valid modes: {', '.join(MODES)}")
     if tokens % length:
         raise PosencError(f"evaluation tokens ({tokens}) must be a multiple of every evaluation length ({length})")
     if mode == "nonoverlapping":
-        return [(start, 0) for start in range(0, tokens, length)]
+        return [(start, 0) for start in range(context, context + tokens, length)]
     if stride is None:
         raise PosencError("sliding-window evaluation needs a stride")
     check_positive("stride", stride)
-    if stride > length or (tokens - length) % stride:
-        raise PosencError(f"stride {stride} must be at most the length {length} and divide tokens - length = {tokens - length}")
-    return [(0, 0)] + [(end - length, length - stride) for end in range(length + stride, tokens + 1, stride)]
+    if stride > length or tokens % stride:
+        raise PosencError(f"stride {stride} must be at most the length {length} and divide the evaluation tokens {tokens}")
+    # window k scores targets end - S + 1 .. end with end = context + k S; a window that would start before
+    # the stream (too little lead-in) is left out, and so are its targets
+    return [(end - length, length - stride) for end in range(context + stride, context + tokens + 1, stride)
+            if end - length >= 0]
+
+
+def unscored(tokens: int, length: int, mode: str, stride: int | None = None, context: int = 0) -> int:
+    """How many of the ``tokens`` targets a plan leaves out (sliding windows without enough lead-in)."""
+    return tokens - sum(length - first for _, first in window_plan(tokens, length, mode, stride, context))
 
 
 def _cannot_extrapolate(reason: str, t0: float) -> dict:
     return {"status": "cannot extrapolate", "reason": reason, "loss": math.nan, "perplexity": math.nan,
-            "bits_per_byte": math.nan, "tokens": 0, "seconds": time.perf_counter() - t0, "per_position": None}
+            "bits_per_byte": math.nan, "tokens": 0, "unscored": 0, "seconds": time.perf_counter() - t0,
+            "per_position": None, "per_document": None}
 
 
 @torch.no_grad()
@@ -58,28 +81,41 @@ def evaluate(
     tokens: int,
     mode: str = "nonoverlapping",
     stride: int | None = None,
+    context: int = 0,
+    documents: torch.Tensor | None = None,
     batch_size: int = 8,
     device: torch.device | str = "cpu",
     progress: bool = False,
     desc: str = "eval",
 ) -> dict:
-    """Mean loss (nats), perplexity and bits per byte over targets ``1 .. tokens`` of ``stream``.
+    """Mean loss (nats), perplexity and bits per byte over targets ``context + 1 .. context + tokens`` of ``stream``.
 
-    Also returns ``per_position``: the mean loss at each position of the window, over the windows
-    that score every position (all of them for non-overlapping windows; the first for sliding).
+    ``documents`` (optional, one integer per byte of ``stream``) names the document each byte belongs
+    to; the result then holds ``per_document``: ``{document: [summed loss, scored targets]}``. Also
+    returns ``per_position``: the mean loss at each position of the window, over the windows that
+    score every position (non-overlapping windows; none for sliding ones, which score only their
+    last ``stride`` positions), and ``unscored``: targets left out for lack of lead-in (sliding).
     A learned table asked past its end gives ``status="cannot extrapolate"`` instead of raising.
     """
     device = torch.device(device)
-    if len(stream) < tokens + 1:
-        raise PosencError(f"the evaluation text has {len(stream)} bytes; {tokens + 1} are needed")
-    plan = window_plan(tokens, length, mode, stride)
+    if len(stream) < context + tokens + 1:
+        raise PosencError(f"the evaluation text has {len(stream)} bytes; {context + tokens + 1} are needed "
+                          f"({context} of lead-in, {tokens} scored, one more for the last target)")
+    if documents is not None and len(documents) != len(stream):
+        raise PosencError(f"documents has {len(documents)} entries for a stream of {len(stream)} bytes")
+    plan = window_plan(tokens, length, mode, stride, context)
+    expected = tokens - unscored(tokens, length, mode, stride, context)
+    if not plan:
+        raise PosencError(f"sliding windows of {length} with stride {stride} need at least {length - stride} bytes "
+                          f"of lead-in before the scored text (context={context}); none can be scored")
     model.eval().to(device)
     t0 = time.perf_counter()
     limit = getattr(model.encoding, "max_positions", None)
     if limit is not None and length > limit:
         return _cannot_extrapolate(f"a learned position table of {limit} positions cannot score windows of {length}", t0)
+    n_docs = int(documents.max()) + 1 if documents is not None and len(documents) else 0
     batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
-    scored = []  # (window index, summed loss of its scored targets, its per-position losses or None)
+    scored = []  # (window index, (summed loss of its scored targets, their number, per-position losses, per-document sums))
     try:
         with flush_denormals():
             # under torchrun each process scores every world-th batch; the same batches as on one process,
@@ -89,22 +125,32 @@ def evaluate(
                 windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
                 with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
                     losses = model.token_losses(windows[:, :-1], windows[:, 1:]).double().cpu()  # b n
-                for w, (row, (_, first)) in enumerate(zip(losses, batch)):
+                for w, (row, (start, first)) in enumerate(zip(losses, batch)):
                     per_position = row if first == 0 else None
-                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position)))
+                    per_doc = None
+                    if documents is not None:  # the document of each scored target (stream index start + i + 1)
+                        owners = documents[start + first + 1 : start + length + 1].long()
+                        per_doc = (torch.bincount(owners, weights=row[first:], minlength=n_docs),
+                                   torch.bincount(owners, minlength=n_docs))
+                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc)))
     except PositionOutOfRange as err:
         return _cannot_extrapolate(str(err), t0)
     total, count = 0.0, 0
     position_sum = torch.zeros(length, dtype=torch.float64)
     position_windows = 0
-    for summed, n, row in distributed.gather_in_order(scored):  # summed in the single-process order
+    doc_sum = torch.zeros(n_docs, dtype=torch.float64)
+    doc_count = torch.zeros(n_docs, dtype=torch.int64)
+    for summed, n, row, per_doc in distributed.gather_in_order(scored):  # summed in the single-process order
         total += summed
         count += n
         if row is not None:
             position_sum += row
             position_windows += 1
-    if count != tokens:  # the plan's arithmetic, checked rather than trusted
-        raise AssertionError(f"scored {count} tokens, expected {tokens}")
+        if per_doc is not None:
+            doc_sum += per_doc[0]
+            doc_count += per_doc[1]
+    if count != expected:  # the plan's arithmetic, checked rather than trusted
+        raise AssertionError(f"scored {count} tokens, expected {expected}")
     loss = total / count
     return {
         "status": "ok",
@@ -112,6 +158,9 @@ def evaluate(
         "perplexity": math.exp(loss),
         "bits_per_byte": loss / math.log(2),
         "tokens": count,
+        "unscored": tokens - count,
         "seconds": time.perf_counter() - t0,
-        "per_position": (position_sum / position_windows).tolist(),
+        "per_position": (position_sum / position_windows).tolist() if position_windows else None,
+        "per_document": ({d: [doc_sum[d].item(), int(doc_count[d])] for d in range(n_docs) if doc_count[d]}
+                         if documents is not None else None),
     }

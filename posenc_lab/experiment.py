@@ -14,6 +14,7 @@ import copy
 import csv
 import io
 import json
+import math
 import os
 import platform
 import subprocess
@@ -25,15 +26,24 @@ from pathlib import Path
 import torch
 
 from . import __version__, distributed
-from .data import Corpus, load_corpus
-from .encodings import ENCODINGS
+from .data import Corpus, EvalText, evaluation_text, load_corpus
+from .encodings import ENCODINGS, PRIMARY
 from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, evaluate, window_plan
 from .model import GPT, GPTConfig
 from .rope import ROPE_SCALINGS
 from .train import TrainConfig, replace_atomically, save_atomic, train
 
+try:  # the training-speed defaults live in train.py
+    from .train import default_compile
+except ImportError:  # pragma: no cover
+    def default_compile(device: torch.device) -> bool:
+        """Whether to ``torch.compile`` the training step by default: on CUDA, not on the CPU."""
+        return device.type == "cuda"
+
 MAIN_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")  # the article's, with several seeds
+#: the encodings of the article-cpu run: the article's and the newer relatives
+ARTICLE_ENCODINGS = PRIMARY
 
 
 @dataclass
@@ -41,7 +51,7 @@ class Spec:
     """Everything that defines an experiment; a preset is a named Spec."""
 
     preset: str = "custom"
-    encodings: tuple[str, ...] = tuple(ENCODINGS)
+    encodings: tuple[str, ...] = PRIMARY
     strategies: tuple[str, ...] = tuple(ROPE_SCALINGS)  # RoPE extrapolation strategies evaluated
     seeds: tuple[int, ...] = (0,)  # for MAIN_ENCODINGS
     other_seeds: tuple[int, ...] = (0,)  # for the newer relatives (xpos, kerple, fire)
@@ -55,10 +65,14 @@ class Spec:
     warmup: int = 100
     checkpoint_every: int = 200
     eval_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048)
-    eval_tokens: int = 16384
+    eval_tokens: int = 16384  # scored bytes of the evaluation text (data.evaluation_text), the same at every length
     modes: tuple[str, ...] = MODES
-    stride: int = 128
+    stride: int = 128  # sliding stride at every length (min(stride, length)), unless `sliding` names the lengths
+    sliding: tuple[tuple[int, int], ...] = ()  # (length, stride) pairs evaluated in sliding mode; () = every length
     eval_batch_size: int = 4
+    curve_points: int = 0  # checkpoint evaluations along training (issue 20): this many, evenly spaced in steps
+    curve_factors: tuple[int, ...] = (1, 4)  # ... at these multiples of train_len, non-overlapping
+    curve_tokens: int = 32768  # ... on this many bytes of the evaluation text: 8 blocks spread evenly over it
     finetune: tuple[str, ...] = ()  # RoPE strategies to fine-tune briefly at finetune_len
     finetune_steps: int = 0
     finetune_len: int = 0
@@ -84,8 +98,15 @@ class Spec:
             check_positive("evaluation length", length)
             if self.eval_tokens % length:
                 raise PosencError(f"eval_tokens ({self.eval_tokens}) must be a multiple of every evaluation length ({length})")
-            for mode in self.modes:  # the window arithmetic must work out at every length
-                window_plan(self.eval_tokens, length, mode, min(self.stride, length))
+        for length, stride in self.sliding:
+            if length not in self.eval_lengths:
+                raise PosencError(f"sliding length {length} is not one of the evaluation lengths {self.eval_lengths}")
+        for length, mode, stride in self.evaluations():  # the window arithmetic must work out everywhere
+            window_plan(self.eval_tokens, length, mode, stride, self.eval_context())
+        if self.curve_points:
+            if self.curve_tokens % (8 * max(self.curve_lengths())) or self.curve_tokens > self.eval_tokens:
+                raise PosencError(f"curve_tokens ({self.curve_tokens}) must be a multiple of 8 x the longest curve "
+                                  f"length ({max(self.curve_lengths())}) and at most eval_tokens")
         if not self.seeds or not self.eval_lengths or not self.encodings or not self.modes:
             raise PosencError("an experiment needs at least one encoding, seed, evaluation length and mode")
         if "dynamic-ntk" in self.finetune:
@@ -98,11 +119,31 @@ class Spec:
             raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
                               f"{self.d_model // self.n_head} must be even")
 
+    def evaluations(self) -> list[tuple[int, str, int | None]]:
+        """``(length, mode, stride)`` of every evaluation of a trained model, in order."""
+        sliding = dict(self.sliding) if self.sliding else {n: min(self.stride, n) for n in self.eval_lengths}
+        return [(n, mode, sliding[n] if mode == "sliding" else None) for n in self.eval_lengths for mode in self.modes
+                if mode == "nonoverlapping" or n in sliding]
+
+    def eval_context(self) -> int:
+        """Bytes of lead-in before the scored text: enough for every sliding window's ``length - stride``."""
+        return max([n - s for n, mode, s in self.evaluations() if mode == "sliding"], default=0)
+
+    def curve_lengths(self) -> tuple[int, ...]:
+        """The lengths at which the checkpoints along training are evaluated: ``curve_factors`` times ``train_len``."""
+        return tuple(f * self.train_len for f in self.curve_factors)
+
+    def curve_steps(self) -> list[int]:
+        """The training steps after which a checkpoint is evaluated: ``curve_points`` evenly spaced, the last one included."""
+        return sorted({round(self.steps * (k + 1) / self.curve_points) for k in range(self.curve_points)})
+
     def finetune_batch(self) -> int:
         """The fine-tuning batch: the training batch's tokens per step, in windows of ``finetune_len``."""
         return max(1, self.batch_size * self.train_len // self.finetune_len)
 
     def seeds_for(self, encoding: str) -> tuple[int, ...]:
+        """The seeds of ``encoding``: ``seeds`` for the article's encodings (``MAIN_ENCODINGS``), ``other_seeds``
+        for the others."""
         return self.seeds if encoding in MAIN_ENCODINGS else self.other_seeds
 
     def finetunes(self, seed: int) -> tuple[str, ...]:
@@ -110,17 +151,21 @@ class Spec:
         return self.finetune if self.finetune_seeds is None or seed in self.finetune_seeds else ()
 
     def model_config(self, encoding: str) -> GPTConfig:
+        """The :class:`GPTConfig` of ``encoding`` under this spec."""
         return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
                          train_len=self.train_len, backend=self.backend)
 
     def train_config(self, seed: int) -> TrainConfig:
+        """The :class:`TrainConfig` of one seed under this spec."""
         return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup,
                            checkpoint_every=self.checkpoint_every, seed=seed)
 
     def to_dict(self) -> dict:
+        """The spec as a plain dict (as stored in ``config.json``)."""
         return asdict(self)
 
 
+#: the starting configurations of a run, by name (``python -m posenc_lab presets`` describes them)
 PRESETS: dict[str, Spec] = {
     "ci": Spec(preset="ci", n_layer=2, n_head=4, d_model=64, train_len=64, steps=40, batch_size=8, lr=3e-3,
                warmup=10, checkpoint_every=20, eval_lengths=(64, 128, 256), eval_tokens=1024, stride=32,
@@ -129,12 +174,23 @@ PRESETS: dict[str, Spec] = {
                 warmup=100, checkpoint_every=200, eval_lengths=(128, 256, 512, 1024, 2048), eval_tokens=16384,
                 stride=128, eval_batch_size=4,
                 notes="the qualitative picture on 2 CPU cores: train at 128, evaluate to 16x"),
-    "article-cpu": Spec(preset="article-cpu", n_layer=4, n_head=4, d_model=128, train_len=512, steps=700, batch_size=8,
-                        lr=2e-3, warmup=70, checkpoint_every=100, eval_lengths=(512, 1024, 2048, 4096, 8192),
-                        eval_tokens=24576, stride=512, eval_batch_size=4, seeds=(0, 1, 2), other_seeds=(0, 1, 2),
-                        finetune=("pi", "ntk", "yarn"), finetune_steps=200, finetune_len=2048, finetune_seeds=(0,),
-                        notes="the article's lengths on 2 CPU cores: trained at 512, judged at 2048 (4x), "
-                              "evaluated to 8192, three seeds of every encoding; about 2 hours"),
+    "article-cpu": Spec(preset="article-cpu", encodings=ARTICLE_ENCODINGS, n_layer=4, n_head=4, d_model=128,
+                        train_len=512, steps=700, batch_size=8, lr=2e-3, warmup=70, checkpoint_every=100,
+                        eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
+                        sliding=((1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2),
+                        other_seeds=(0, 1, 2), finetune=("pi", "ntk", "yarn"), finetune_steps=200, finetune_len=2048,
+                        finetune_seeds=(0,), curve_points=8,
+                        notes="the article's lengths on 2 CPU cores: trained at 512 for 2.9 M bytes, judged at 2048 "
+                              "(4x), evaluated to 8192 on 248 KiB of 34 test files (non-overlapping at 1x, 2x, 4x, "
+                              "16x; sliding at 2x and 4x with stride L'/2, so every scored byte sees at least L'/2 "
+                              "bytes), three seeds of every encoding, 8 checkpoint evaluations; about 3 hours"),
+    "article-long": Spec(preset="article-long", encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), n_layer=4,
+                         n_head=4, d_model=128, train_len=512, steps=2800, batch_size=8, lr=2e-3, warmup=280,
+                         checkpoint_every=100, eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
+                         sliding=((1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2), curve_points=16,
+                         notes="article-cpu's model and recipe with 4x its training tokens (11.5 M bytes) for the "
+                               "article's encodings, three seeds, evaluated as article-cpu, 16 checkpoint "
+                               "evaluations; many hours on 2 CPU cores: run it in the background, it resumes"),
     "colab": Spec(preset="colab", n_layer=6, n_head=6, d_model=384, train_len=512, steps=1500, batch_size=16,
                   lr=1e-3, warmup=150, checkpoint_every=250, eval_lengths=(512, 1024, 2048, 4096, 8192),
                   eval_tokens=32768, stride=256, eval_batch_size=2,
@@ -147,6 +203,7 @@ PRESETS: dict[str, Spec] = {
 
 
 def preset(name: str, **overrides) -> Spec:
+    """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``."""
     if name not in PRESETS:
         raise unknown_name("preset", name, PRESETS)
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -172,6 +229,8 @@ def git_commit() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """A readable name of ``device`` for the results: the GPU's, or the CPU's with its thread count, and the number
+    of processes."""
     processes = f" x {distributed.world_size()} processes" if distributed.active() else ""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device) + processes
@@ -179,12 +238,13 @@ def device_name(device: torch.device) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so that a kill never leaves half a file."""
     replace_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "eval_mode", "stride", "status", "loss",
            "perplexity", "bits_per_byte", "tokens", "eval_seconds", "train_loss", "train_steps", "train_tokens",
-           "train_seconds", "finetune_steps", "finetune_tokens", "finetune_len", "preset", "corpus", "corpus_sha256",
+           "train_seconds", "train_tokens_per_s", "finetune_steps", "finetune_tokens", "finetune_len", "preset", "corpus", "corpus_sha256",
            "python", "device", "torch", "posenc_lab", "git_commit", "config"]
 
 
@@ -192,23 +252,75 @@ COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "eval_mode",
 
 
 def default_device() -> torch.device:
+    """CUDA when a GPU is available, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _evaluate_all(model, spec: Spec, stream, device, progress, label) -> tuple[list[dict], dict]:
-    rows, per_position = [], {}
-    for length in spec.eval_lengths:
-        for mode in spec.modes:
-            stride = min(spec.stride, length) if mode == "sliding" else None
-            r = evaluate(model, stream, length=length, tokens=spec.eval_tokens, mode=mode, stride=stride,
-                         batch_size=spec.eval_batch_size, device=device, progress=progress,
-                         desc=f"{label} L={length} {mode}")
-            rows.append({"eval_len": length, "eval_mode": mode, "stride": stride or "", "status": r["status"],
-                         "loss": r["loss"], "perplexity": r["perplexity"], "bits_per_byte": r["bits_per_byte"],
-                         "tokens": r["tokens"], "eval_seconds": round(r["seconds"], 3)})
-            if mode == "nonoverlapping" and r["per_position"] is not None:
-                per_position[str(length)] = [round(x, 5) for x in r["per_position"]]
-    return rows, per_position
+def _evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, same_as=None) -> tuple[list[dict], dict, list[dict]]:
+    """Every evaluation of ``spec`` on ``text``: result rows, per-position curves, per-document rows.
+
+    ``same_as(length)`` may return the rows, curve and document rows already measured for a length
+    at which this model is known to compute exactly the same thing (a RoPE strategy at the training
+    length); they are reused instead of recomputed.
+    """
+    rows, per_position, documents = [], {}, []
+    for length, mode, stride in spec.evaluations():
+        reused = same_as(length, mode) if same_as is not None else None
+        if reused is not None:
+            row, curve, docs = reused
+            rows.append(row)
+            documents += docs
+            if curve is not None:
+                per_position[str(length)] = curve
+            continue
+        r = evaluate(model, text.stream, length=length, tokens=spec.eval_tokens, mode=mode, stride=stride,
+                     context=text.context, documents=text.documents, batch_size=spec.eval_batch_size, device=device,
+                     progress=progress, desc=f"{label} L={length} {mode}")
+        rows.append({"eval_len": length, "eval_mode": mode, "stride": stride or "", "status": r["status"],
+                     "loss": r["loss"], "perplexity": r["perplexity"], "bits_per_byte": r["bits_per_byte"],
+                     "tokens": r["tokens"], "eval_seconds": round(r["seconds"], 3)})
+        for doc, (summed, count) in (r["per_document"] or {}).items():
+            documents.append({"eval_len": length, "eval_mode": mode, "document": text.names[doc], "tokens": count,
+                              "loss": round(summed / count, 6)})
+        if mode == "nonoverlapping" and r["per_position"] is not None:
+            per_position[str(length)] = [round(x, 5) for x in r["per_position"]]
+    return rows, per_position, documents
+
+
+def curve_blocks(spec: Spec, text: EvalText) -> list[int]:
+    """Where the checkpoint evaluations read: 8 blocks of ``curve_tokens / 8`` scored bytes, spread evenly
+    over the evaluation text (offsets of their first target, relative to the scored text)."""
+    block = spec.curve_tokens // 8
+    slots = spec.eval_tokens // block
+    return [round(k * (slots - 1) / 7) * block for k in range(8)]
+
+
+def evaluate_checkpoint(model, spec: Spec, text: EvalText, device, strategies=("-",)) -> list[dict]:
+    """Perplexity at each curve length (non-overlapping) on the curve blocks, for each strategy; the model
+    is left in training mode with its strategy restored."""
+    was_training = model.training
+    rows = []
+    for strategy in strategies:
+        if strategy != "-":
+            model.encoding.set_scaling(strategy)
+        for length in spec.curve_lengths():
+            if strategy not in ("-", "none") and length <= spec.train_len:
+                continue  # a strategy changes nothing at the training length (checked in run_unit's reuse)
+            total, count, status = 0.0, 0, "ok"
+            for offset in curve_blocks(spec, text):
+                r = evaluate(model, text.stream, length=length, tokens=spec.curve_tokens // 8, mode="nonoverlapping",
+                             context=text.context + offset, batch_size=spec.eval_batch_size, device=device)
+                if r["status"] != "ok":
+                    status = r["status"]
+                    break
+                total, count = total + r["loss"] * r["tokens"], count + r["tokens"]
+            loss = total / count if status == "ok" else math.nan
+            rows.append({"strategy": strategy, "eval_len": length, "eval_mode": "nonoverlapping", "status": status,
+                         "loss": loss, "perplexity": math.exp(loss) if status == "ok" else math.nan, "tokens": count})
+    if "none" in strategies:
+        model.encoding.set_scaling("none")
+    model.train(was_training)
+    return rows
 
 
 def encoding_state(model) -> dict:
@@ -218,28 +330,65 @@ def encoding_state(model) -> dict:
     return {k: v.detach().cpu().tolist() for k, v in model.encoding.state_dict().items()}
 
 
-def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, out: Path, device, progress,
+def _same_rotation(model, strategy: str, length: int) -> bool:
+    """Whether RoPE with ``strategy`` rotates positions ``0 .. length-1`` exactly as without scaling
+    (every strategy does at the training length): compared, not assumed."""
+    positions = torch.arange(length)
+    current = model.encoding.scaling
+    mine = model.encoding.set_scaling(strategy).cos_sin(positions)
+    plain = model.encoding.set_scaling("none").cos_sin(positions)
+    model.encoding.set_scaling(current)
+    return all(torch.equal(a, b) for a, b in zip(mine, plain))
+
+
+def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText, out: Path, device, progress,
              common: dict) -> dict:
-    """Train and evaluate one encoding with one seed; returns the unit record (rows and curves)."""
+    """Train and evaluate one encoding with one seed; returns the unit record (rows, curves, documents,
+    checkpoint evaluations)."""
     label = f"{encoding}/s{seed}"
     torch.manual_seed(seed)
     model = GPT(spec.model_config(encoding))
-    compile = spec.compile if spec.compile is not None else device.type == "cuda"
+    compile = spec.compile if spec.compile is not None else default_compile(device)
+    strategies = spec.strategies if encoding == "rope" else ("-",)
+    curve_steps = set(spec.curve_steps()) if spec.curve_points else set()
+    checkpoints: list = []  # saved in the training checkpoint, so a resumed run keeps the evaluations made
+
+    def on_step(step):
+        if step in curve_steps and not any(r["step"] == step for r in checkpoints):
+            for r in evaluate_checkpoint(model, spec, text, device, strategies):
+                checkpoints.append({"step": step, "tokens_seen": step * spec.batch_size * spec.train_len, **r})
+
     trained = train(model, train_stream, spec.train_config(seed), checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt",
-                    device=device, progress=progress, desc=f"train {label}", compile=compile)
+                    device=device, progress=progress, desc=f"train {label}", compile=compile,
+                    on_step=on_step if curve_steps else None, extra_state=checkpoints)
     base = {"encoding": encoding, "seed": seed, "train_len": spec.train_len, "train_loss": round(trained["train_loss"], 5),
             "train_steps": trained["train_steps"], "train_tokens": trained["train_tokens"],
-            "train_seconds": round(trained["train_seconds"], 2), "finetune_steps": 0, "finetune_tokens": 0,
+            "train_seconds": round(trained["train_seconds"], 2),
+            "train_tokens_per_s": round(trained["train_tokens_per_s"], 1), "finetune_steps": 0, "finetune_tokens": 0,
             "finetune_len": "", **common}
-    rows, curves = [], {}
-    strategies = spec.strategies if encoding == "rope" else ("-",)
+    rows, curves, documents = [], {}, []
+    measured = {}  # (length, mode) -> the 'none' strategy's rows, reused where a strategy is the same rotation
+
+    def same_as(length, mode):
+        if encoding != "rope" or model.encoding.scaling == "none" or (length, mode) not in measured:
+            return None
+        return measured[(length, mode)] if _same_rotation(model, model.encoding.scaling, length) else None
+
     for strategy in strategies:
         if encoding == "rope":
             model.encoding.set_scaling(strategy)
-        evaluated, per_position = _evaluate_all(model, spec, eval_stream, device, progress, f"{label} {strategy}")
+        evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress, f"{label} {strategy}",
+                                                      same_as=same_as)
+        if strategy == "none":
+            for r in evaluated:
+                key = (r["eval_len"], r["eval_mode"])
+                measured[key] = (r, per_position.get(str(r["eval_len"])) if r["eval_mode"] == "nonoverlapping" else None,
+                                 [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
         rows += [{**base, "strategy": strategy, **r} for r in evaluated]
+        documents += [{"strategy": strategy, **d} for d in docs]
         curves[strategy] = per_position
     if encoding == "rope":
+        model.encoding.set_scaling("none")
         for strategy in spec.finetunes(seed):
             tuned = copy.deepcopy(model)
             factor = spec.finetune_len / spec.train_len
@@ -250,31 +399,49 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, eval_stream, ou
             ft = train(tuned, train_stream, ft_cfg, length=spec.finetune_len,
                        checkpoint=out / "checkpoints" / f"{encoding}-s{seed}-ft-{strategy}.pt",
                        device=device, progress=progress, desc=f"fine-tune {label} {strategy}", compile=compile)
-            evaluated, per_position = _evaluate_all(tuned, spec, eval_stream, device, progress, f"{label} {strategy}+ft")
+            evaluated, per_position, docs = _evaluate_all(tuned, spec, text, device, progress, f"{label} {strategy}+ft")
             name = f"{strategy}+ft"
             rows += [{**base, "strategy": name, "finetune_steps": spec.finetune_steps, "finetune_tokens": ft["train_tokens"],
                       "finetune_len": spec.finetune_len, **r} for r in evaluated]
+            documents += [{"strategy": name, **d} for d in docs]
             curves[name] = per_position
     if distributed.is_main():
         save_atomic(model.state_dict(), out / "models" / f"{encoding}-s{seed}.pt")
+    ident = {"encoding": encoding, "seed": seed}
     return {"encoding": encoding, "seed": seed, "rows": rows, "per_position": curves,
+            "documents": [{**ident, **d} for d in documents], "checkpoints": [{**ident, **c} for c in checkpoints],
             "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model)}
 
 
-def collect(out: Path) -> list[dict]:
-    """Every row of every finished unit, in a stable order."""
+def collect(out: Path, part: str = "rows") -> list[dict]:
+    """Every row of every finished unit, in a stable order: the results (``rows``), the per-document
+    losses (``documents``) or the checkpoint evaluations (``checkpoints``)."""
     units = sorted((out / "units").glob("*.json"))
-    rows = [row for path in units for row in json.loads(path.read_text())["rows"]]
-    return rows
+    return [row for path in units for row in json.loads(path.read_text()).get(part, [])]
+
+
+#: the columns of the per-document and checkpoint tables
+DOCUMENT_COLUMNS = ["encoding", "strategy", "seed", "eval_len", "eval_mode", "document", "tokens", "loss"]
+CHECKPOINT_COLUMNS = ["encoding", "strategy", "seed", "step", "tokens_seen", "eval_len", "eval_mode", "status", "loss",
+                      "perplexity", "tokens"]
+
+
+def _csv(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
 
 
 def write_table(out: Path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(out / "results.csv", buf.getvalue())
+    """``results.csv``/``results.json`` from ``rows``, and ``documents.csv``/``checkpoints.csv`` from the units."""
+    write_atomic(out / "results.csv", _csv(rows, COLUMNS))
     write_atomic(out / "results.json", json.dumps(rows, indent=1))
+    for part, columns in (("documents", DOCUMENT_COLUMNS), ("checkpoints", CHECKPOINT_COLUMNS)):
+        extra = collect(out, part)
+        if extra:
+            write_atomic(out / f"{part}.csv", _csv(extra, columns))
 
 
 def prepare(out: Path, config: dict) -> None:
@@ -325,6 +492,8 @@ def run_context(spec, corpus: Corpus, device: torch.device) -> dict:
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """The device of a run: ``device`` as given (``cpu``, ``cuda``, ``cuda:N``) or :func:`default_device`; under
+    ``torchrun``, this process's own GPU."""
     try:
         device = torch.device(device) if device else default_device()
     except RuntimeError:
@@ -342,17 +511,17 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     out = Path(out)
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    prepare(out, {"spec": spec.to_dict(), "corpus": corpus.describe()})
-    train_stream, eval_stream = corpus.stream("train"), corpus.stream("test")
-    if len(eval_stream) < spec.eval_tokens + 1:
-        raise PosencError(f"the test split of {corpus.name!r} has {len(eval_stream)} bytes, fewer than eval_tokens "
-                          f"+ 1 = {spec.eval_tokens + 1}: lower --eval-tokens or use a larger corpus")
+    text = evaluation_text(corpus, spec.eval_tokens, context=spec.eval_context())
+    prepare(out, {"spec": spec.to_dict(), "corpus": corpus.describe(), "evaluation_text": text.describe()})
+    train_stream = corpus.stream("train")
     distributed.check_divisible(spec.batch_size)  # before any training, not when a unit gets there
     if spec.finetune:
         distributed.check_divisible(spec.finetune_batch())
     common = run_context(spec, corpus, device)
-    units = [(e, s) for e in spec.encodings for s in spec.seeds_for(e)]
-    run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, eval_stream, out, device, progress, common),
+    # seed-major: every encoding's first seed before any second seed, so a run cut short compares all encodings
+    units = sorted(((e, s) for e in spec.encodings for s in spec.seeds_for(e)),
+                   key=lambda u: (u[1], spec.encodings.index(u[0])))
+    run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, text, out, device, progress, common),
               after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)
     if distributed.is_main():

@@ -45,10 +45,12 @@ class GPTConfig:
             raise PosencError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
 
     def to_dict(self) -> dict:
+        """The configuration as a plain dict."""
         return asdict(self)
 
 
 class SelfAttention(nn.Module):
+    """Multi-head causal self-attention through :func:`attention`, with the encoding's ``rotate`` and ``bias`` hooks."""
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head, self.backend = cfg.n_head, cfg.backend
@@ -56,12 +58,14 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(self, x, encoding, positions, cache=None):
+        """``x`` is ``b n d_model``; returns the attention output projected back to ``b n d_model``."""
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
         y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 
 class Block(nn.Module):
+    """One pre-norm Transformer block: LayerNorm, attention, residual; LayerNorm, MLP, residual."""
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
@@ -70,11 +74,14 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, hidden), nn.GELU(), nn.Linear(hidden, cfg.d_model))
 
     def forward(self, x, encoding, positions, cache=None):
+        """``x`` is ``b n d_model``; returns the block's output, of the same shape."""
         x = x + self.attn(self.ln1(x), encoding, positions, cache)
         return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
+    """The decoder-only byte-level language model: token embeddings, one shared encoding, ``n_layer`` blocks, a tied
+    output head."""
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -99,6 +106,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self) -> int:
+        """The number of parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None) -> torch.Tensor:

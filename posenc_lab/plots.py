@@ -37,6 +37,7 @@ def color(name: str):
 
 
 def palette(names) -> dict:
+    """The fixed colour (:func:`color`) of each of ``names``, as a ``palette`` for seaborn."""
     return {name: color(name) for name in names}
 
 

@@ -118,4 +118,5 @@ def model(name: str, encoding: str, *, seed: int = 0, **options):
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:
+    """``(None, None, config)`` of a committed run: its ``config.json`` alone, without reading the rows."""
     return None, None, _read_json(folder(name) / "config.json")

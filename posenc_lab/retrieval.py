@@ -39,7 +39,7 @@ import torch
 from tqdm import tqdm
 
 from . import distributed
-from .encodings import ENCODINGS
+from .encodings import ENCODINGS, PRIMARY
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
 from .model import GPT, IGNORE, GPTConfig
@@ -112,7 +112,7 @@ class RetrievalSpec:
     """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec."""
 
     preset: str = "custom"
-    encodings: tuple[str, ...] = tuple(ENCODINGS)
+    encodings: tuple[str, ...] = PRIMARY
     strategies: tuple[str, ...] = tuple(ROPE_SCALINGS)
     seeds: tuple[int, ...] = (0,)
     n_layer: int = 2
@@ -151,13 +151,16 @@ class RetrievalSpec:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
     def model_config(self, encoding: str) -> GPTConfig:
+        """The :class:`GPTConfig` of ``encoding`` under this spec."""
         return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
                          train_len=self.train_len, backend=self.backend)
 
     def to_dict(self) -> dict:
+        """The spec as a plain dict (as stored in ``config.json``)."""
         return asdict(self)
 
 
+#: the starting configurations of a retrieval run, by name
 RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
     "retrieval-ci": RetrievalSpec(preset="retrieval-ci", n_layer=1, d_model=32, train_len=32, steps=6, batch_size=4,
                                   warmup=2, checkpoint_every=3, multiples=(1, 2), depths=(0.0, 1.0), trials=4,
@@ -169,6 +172,8 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
 
 
 def retrieval_preset(name: str, **overrides) -> RetrievalSpec:
+    """The spec of retrieval preset ``name`` (a key of :data:`RETRIEVAL_PRESETS`), with the ``overrides`` that are
+    not ``None``."""
     if name not in RETRIEVAL_PRESETS:
         raise unknown_name("retrieval preset", name, RETRIEVAL_PRESETS)
     return replace(RETRIEVAL_PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
@@ -243,6 +248,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
 
 
 def write_table(out: Path, rows: list[dict]) -> None:
+    """Write the tidy table ``rows`` to ``out/results.csv`` and ``out/results.json``, atomically."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -274,6 +280,8 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
 
 
 def describe_task() -> dict:
+    """The task's alphabets, as stored with the results: the filler bytes, the passkey's alphabet per slot, the
+    question byte and the answer's length."""
     return {"filler": FILLER.tolist(), "slots": [s.tolist() for s in SLOTS], "question": QUESTION,
             "answer_bytes": KEY_LEN}
 
@@ -318,6 +326,8 @@ def markdown_table(rows) -> str:
 
 
 def report(out: Path | str) -> str:
+    """The text report of a retrieval run folder: where it ran, each unit's training accuracy, and the accuracy
+    table."""
     from .report import load
 
     rows, units, config = load(out)

@@ -24,6 +24,7 @@ from einops import einsum, rearrange
 
 from .errors import PosencError, check_even, check_positive, unknown_name
 
+#: the two ways of pairing a head's coordinates (see the conventions above)
 LAYOUTS = ("half", "interleaved")
 # einops pattern that splits the last axis into (pair member r, pair index f) for each layout
 _PAIR_PATTERN = {"half": "... (r f) -> r ... f", "interleaved": "... (f r) -> r ... f"}
@@ -51,6 +52,7 @@ def wavelengths(freqs: torch.Tensor) -> torch.Tensor:
 # Extrapolation strategies: (dim, base, factor, train_len, seq_len, **options) -> (inv_freq, attention_factor)
 
 RopeScaling = Callable[..., tuple[torch.Tensor, float]]
+#: the RoPE extrapolation strategies by name, each a pure function returning ``(inv_freq, attention_factor)``
 ROPE_SCALINGS: dict[str, RopeScaling] = {}
 
 

@@ -47,6 +47,7 @@ class TrainConfig:
             check_positive(name, getattr(self, name))
 
     def to_dict(self) -> dict:
+        """The configuration as a plain dict."""
         return asdict(self)
 
 
@@ -67,6 +68,7 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 
 
 def autocast(device: torch.device):
+    """The autocast context of :func:`autocast_dtype` on ``device``, or one that does nothing (fp32)."""
     dtype = autocast_dtype(device)
     return torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
@@ -94,10 +96,27 @@ def flush_denormals():
             torch.set_flush_denormal(False)
 
 
+def decay_groups(model: torch.nn.Module) -> tuple[list, list]:
+    """The parameters AdamW decays, and those it does not.
+
+    Decayed: the matrices of the Transformer (embeddings, projections, MLP), as in GPT-2. Not decayed:
+    biases, LayerNorm gains and every parameter of the position encoding (``model.encoding``: the T5
+    bucket table, the learned absolute table, KERPLE's and FIRE's parameters), whatever its shape. The
+    papers trained them without weight decay (T5: Raffel et al. 2020 use AdaFactor with no decay;
+    KERPLE and FIRE train their few position parameters as plain parameters), and decay would pull a
+    learned bias table towards zero, i.e. towards NoPE, by a different amount for each encoding.
+    """
+    encoding = getattr(model, "encoding", None)
+    exempt = {id(p) for p in encoding.parameters()} if isinstance(encoding, torch.nn.Module) else set()
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in exempt]
+    rest = [p for p in params if not (p.dim() >= 2 and id(p) not in exempt)]
+    return decay, rest
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, norms, or per-head scalars)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    """AdamW with weight decay on the Transformer's matrices only (see :func:`decay_groups`)."""
+    decay, rest = decay_groups(model)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 

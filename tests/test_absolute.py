@@ -42,11 +42,26 @@ def test_learned_table_past_its_end_is_a_clear_error():
         enc.embed(torch.zeros(1, 32, 8), torch.arange(32))
 
 
-def test_sinusoidal_embedding_adds_the_table():
-    enc = make_encoding("sinusoidal", d_model=8, num_heads=2, train_len=16, scale=0.5)
+def test_sinusoidal_embedding_follows_the_papers_recipe():
+    # Vaswani et al. (sec. 3.4) and fairseq: tokens times sqrt(d_model), plus the unit-amplitude table
+    enc = make_encoding("sinusoidal", d_model=8, num_heads=2, train_len=16)
     x = torch.randn(2, 5, 8)
-    torch.testing.assert_close(enc.embed(x, torch.arange(5)) - x, 0.5 * absolute.sinusoidal_table(5, 8).float().expand(2, 5, 8))
-    # the default scale gives the table the RMS of a learned table initialised at std 0.02
-    default = make_encoding("sinusoidal", d_model=64, num_heads=2, train_len=16)
-    added = default.embed(torch.zeros(1, 500, 64), torch.arange(500))
+    pe = absolute.sinusoidal_table(5, 8).float().expand(2, 5, 8)
+    torch.testing.assert_close(enc.embed(x, torch.arange(5)), 8**0.5 * x + pe)
+    # the table itself has entries in [-1, 1] and RMS 1/sqrt(2) over many positions
+    added = make_encoding("sinusoidal", d_model=64, num_heads=2, train_len=16).embed(torch.zeros(1, 500, 64), torch.arange(500))
+    assert added.abs().max().item() <= 1.0
+    assert added.pow(2).mean().sqrt().item() == pytest.approx(2**-0.5, rel=1e-3)
+    # scale and token_scale are the two knobs
+    half = make_encoding("sinusoidal", d_model=8, num_heads=2, train_len=16, scale=0.5, token_scale=1.0)
+    torch.testing.assert_close(half.embed(x, torch.arange(5)), x + 0.5 * pe)
+
+
+def test_sinusoidal_small_is_the_old_amplitude_and_a_variant():
+    small = make_encoding("sinusoidal-small", d_model=64, num_heads=2, train_len=16)
+    assert small.variant_of == "sinusoidal"
+    x = torch.randn(1, 500, 64)
+    added = small.embed(x, torch.arange(500)) - x  # tokens unscaled
     assert added.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=1e-3)
+    from posenc_lab.encodings import PRIMARY
+    assert "sinusoidal" in PRIMARY and "sinusoidal-small" not in PRIMARY

@@ -151,7 +151,7 @@ def test_bad_inputs_name_the_problem():
         attention(q[0], k[0], v[0])
     with pytest.raises(PosencError, match="valid attention backends: auto, flex, reference, sdpa"):
         attention(q, k, v, backend="flash")
-    with pytest.raises(PosencError, match="valid encodings: alibi, fire, kerple, learned, nope, rope, sinusoidal, t5, xpos"):
+    with pytest.raises(PosencError, match="valid encodings: alibi, fire, kerple, learned, nope, rope, sinusoidal, sinusoidal-small, t5, xpos"):
         make_encoding("absolute", d_model=64, num_heads=4, train_len=8)
     with pytest.raises(PosencError, match="positive integer"):
         make_encoding("alibi", d_model=64, num_heads=0, train_len=8)
@@ -165,7 +165,7 @@ def test_bad_inputs_name_the_problem():
 
 def test_bias_mask_is_memoised_only_while_valid():
     """Issue 10: one mask per forward under gradients; kept across windows without them; rebuilt after a step."""
-    from posenc_lab.backends import bias_mask
+    from posenc_lab.backends import _memo_mask as bias_mask  # the memo's own tensor, to check identity
 
     enc = encoding("t5")
 
@@ -193,7 +193,7 @@ def test_bias_mask_is_memoised_only_while_valid():
 
 
 def test_fixed_bias_is_shared_across_training_steps():
-    from posenc_lab.backends import bias_mask
+    from posenc_lab.backends import _memo_mask as bias_mask  # the memo's own tensor, to check identity
 
     enc = encoding("alibi")
     first = bias_mask(enc, torch.arange(N), torch.arange(N), causal=True, dtype=torch.float32)

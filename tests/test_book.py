@@ -139,10 +139,15 @@ class PageScan(HTMLParser):
     def __init__(self):
         super().__init__()
         self.images, self.math, self.text, self.colab = [], 0, [], []
+        self.ids, self.links = set(), []
         self._skip = 0
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
         if tag == "img":
             self.images.append(attrs.get("src", ""))
         if tag == "mjx-container":
@@ -210,6 +215,72 @@ def test_book_pages_in_a_real_browser(built_book):
         assert scan.colab and all(h.endswith(f"notebooks/{stem}.ipynb") for h in scan.colab), f"{stem}: Colab link {scan.colab}"
         if "plt.show()" in source:
             assert figures, f"{stem}: draws figures but none is on the page"
+
+
+REFERENCE_PAGES = sorted((ROOT / "book" / "reference").glob("*.md"))
+
+
+def rendered(browser: str, page: Path, profile: Path) -> PageScan:
+    """The page's DOM after its scripts ran (MathJax included), scanned."""
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=180).stdout
+    scan = PageScan()
+    scan.feed(dom)
+    return scan
+
+
+@pytest.mark.slow
+def test_reference_pages_in_a_real_browser(built_book):
+    """The package reference: one page per module, each public function and class of the module on it (an
+    anchor named after it), its formulas typeset by MathJax, and the licences in the footer."""
+    import importlib
+    import inspect
+
+    browser = chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
+        pytest.skip("chromium not installed: apt-get install chromium")
+    assert len(REFERENCE_PAGES) > 10
+    for md in REFERENCE_PAGES:
+        page = built_book / "book" / "reference" / f"{md.stem}.html"
+        assert page.exists(), f"{page} was not built"
+        scan = rendered(browser, page, built_book.parent / f"chrome-ref-{md.stem}")
+        text = " ".join(scan.text)
+        source = md.read_text()
+        if "$" in source:
+            assert scan.math > 0, f"reference/{md.stem}: its math was not typeset by MathJax"
+        for raw in ("\\(", "\\[", "$$"):
+            assert raw not in text, f"reference/{md.stem}: raw TeX {raw!r} left on the page"
+        assert "CC BY 4.0" in text and "MIT" in text, f"reference/{md.stem}: the licences are not in the footer"
+        if md.stem == "index":
+            continue
+        module = importlib.import_module(f"posenc_lab.{md.stem}")
+        public = [f"{module.__name__}.{name}" for name, obj in vars(module).items()
+                  if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
+                  and obj.__module__ == module.__name__]
+        assert public, md.stem
+        missing = [name for name in public if name not in scan.ids]
+        assert not missing, f"reference/{md.stem}: no entry for {missing}"
+
+
+@pytest.mark.slow
+def test_chapters_link_to_the_reference_entries_of_what_they_print(built_book):
+    """A chapter that prints a function's source links to the function's entry in the package reference."""
+    for stem in CHAPTERS:
+        if "inspect.getsource(" not in (ROOT / "notebooks" / f"{stem}.md").read_text():
+            continue
+        scan = PageScan()
+        scan.feed((built_book / "notebooks" / f"{stem}.html").read_text())
+        entries = [href for href in scan.links if "book/reference/" in href and "#posenc_lab." in href]
+        assert entries, f"{stem}: no link into the package reference"
+        for href in entries:
+            target, anchor = href.split("#")
+            html = (built_book / "notebooks" / target).resolve()
+            assert html.exists() and f'id="{anchor}"' in html.read_text(), f"{stem}: broken reference link {href}"
 
 
 @pytest.mark.slow

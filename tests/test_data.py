@@ -92,3 +92,19 @@ def test_batches_are_a_pure_function_of_seed_and_step():
     x2, y2 = data.batch_at(stream, 17, batch_size=4, length=32, seed=3)
     assert torch.equal(x1, x2) and torch.equal(y1[:, :-1], x1[:, 1:])
     assert not torch.equal(x1, data.batch_at(stream, 18, batch_size=4, length=32, seed=3)[0])
+
+
+def test_every_byte_of_the_stream_can_be_a_training_target():
+    # a stream of exactly one window: its only start is 0, and its last byte is the last target
+    stream = torch.arange(33, dtype=torch.uint8)
+    x, y = data.batch_at(stream, 0, batch_size=3, length=32, seed=0)
+    assert torch.equal(y[0], stream[1:].long()) and (x[:, 0] == 0).all()
+    # over many draws from a longer stream, every start appears, the last one included
+    stream = torch.arange(40, dtype=torch.uint8)
+    starts = {int(data.batch_at(stream, s, batch_size=8, length=32, seed=1)[0][i, 0]) for s in range(200) for i in range(8)}
+    assert starts == set(range(8))
+
+
+def test_a_stream_shorter_than_one_window_is_one_clear_error():
+    with pytest.raises(PosencError, match="32 bytes, fewer than one window of 33"):
+        data.batch_at(torch.zeros(32, dtype=torch.uint8), 0, batch_size=1, length=32, seed=0)

@@ -15,7 +15,7 @@ import torch
 from posenc_lab import PosencError, TrainingDiverged, experiment, report
 from posenc_lab.__main__ import main
 from posenc_lab.data import load_corpus
-from posenc_lab.evaluate import evaluate, window_plan
+from posenc_lab.evaluate import evaluate, unscored, window_plan
 from posenc_lab.model import GPT, GPTConfig
 from posenc_lab.train import TrainConfig, train
 
@@ -24,11 +24,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("tokens,length,stride", [(64, 16, 4), (96, 32, 32), (1024, 256, 64), (48, 48, 8)])
 def test_every_mode_scores_each_target_exactly_once(tokens, length, stride):
+    context = length - stride  # enough lead-in for every sliding window
     for mode in ("nonoverlapping", "sliding"):
         scored = []
-        for start, first in window_plan(tokens, length, mode, stride):
+        for start, first in window_plan(tokens, length, mode, stride, context):
             scored += range(start + first + 1, start + length + 1)
-        assert sorted(scored) == list(range(1, tokens + 1))
+        assert sorted(scored) == list(range(context + 1, context + tokens + 1))
+
+
+@pytest.mark.parametrize("tokens,length,stride,context", [(64, 16, 4, 0), (1024, 256, 64, 100), (96, 32, 8, 24)])
+def test_every_sliding_target_sees_at_least_length_minus_stride_bytes(tokens, length, stride, context):
+    # Press et al.'s definition: a target at window index i has i earlier bytes in its window
+    plan = window_plan(tokens, length, "sliding", stride, context)
+    targets = [(start + i + 1, i) for start, first in plan for i in range(first, length)]
+    assert all(i >= length - stride for _, i in targets)
+    assert len({t for t, _ in targets}) == len(targets)  # once each
+    missing = max(0, length - stride - context)  # without enough lead-in, the first windows are left out
+    left_out = -(-missing // stride) * stride
+    assert unscored(tokens, length, "sliding", stride, context) == left_out == tokens - len(targets)
+    assert sorted(t for t, _ in targets) == list(range(context + 1 + left_out, context + tokens + 1))
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +62,24 @@ def test_evaluate_matches_direct_computation(tiny_model):
     assert r["perplexity"] == pytest.approx(math.exp(r["loss"]))
     # sliding windows with stride = length are non-overlapping windows
     assert evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=32)["loss"] == pytest.approx(r["loss"])
+    # with lead-in, sliding windows score the same targets, each with at least length - stride bytes before it
+    slid = evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=8, context=24)
+    with torch.no_grad():
+        manual = torch.cat([tiny_model.token_losses(stream[None, e - 32:e].long(), stream[None, e - 31:e + 1].long())[0, -8:]
+                            for e in range(32, 89, 8)])
+    assert slid["tokens"] == 64 and slid["loss"] == pytest.approx(manual.double().mean().item(), rel=1e-6)
+
+
+def test_per_document_losses_add_up_to_the_total(tiny_model):
+    stream = (torch.arange(300) * 11 % 256).to(torch.uint8)
+    documents = torch.arange(300) // 37  # eight documents and a bit
+    for mode, stride in (("nonoverlapping", None), ("sliding", 8)):
+        r = evaluate(tiny_model, stream, length=32, tokens=128, mode=mode, stride=stride, context=24, documents=documents)
+        sums = r["per_document"]
+        assert sum(n for _, n in sums.values()) == r["tokens"] == 128
+        assert sum(s for s, _ in sums.values()) / 128 == pytest.approx(r["loss"], rel=1e-9)
+        # targets 25 .. 152 belong to documents 0 .. 4; document 1 holds targets 37 .. 73
+        assert set(sums) == {0, 1, 2, 3, 4} and sums[1][1] == 37
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -91,7 +123,7 @@ def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
 
 
 def test_spec_rejects_bad_input():
-    with pytest.raises(PosencError, match="valid presets: article-cpu, ci, colab, cpu, paper"):
+    with pytest.raises(PosencError, match="valid presets: article-cpu, article-long, ci, colab, cpu, paper"):
         experiment.preset("huge")
     with pytest.raises(PosencError, match="positive"):
         experiment.preset("ci", train_len=0)
@@ -161,7 +193,7 @@ def cli(*args, **kw):
 
 
 def comparable(rows):
-    timing = {"eval_seconds", "train_seconds", "git_commit"}
+    timing = {"eval_seconds", "train_seconds", "train_tokens_per_s", "git_commit"}
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
@@ -194,7 +226,7 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: article-cpu, ci, colab, cpu, paper"),
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: article-cpu, article-long, ci, colab, cpu, paper"),
     (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
     (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
     (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
@@ -213,9 +245,11 @@ def test_article_preset_runs_at_toy_size(tmp_path):
     shape scaled down 8x) end to end, so that it cannot rot."""
     article = experiment.PRESETS["article-cpu"]
     scale = 8
-    spec = experiment.preset("article-cpu", n_layer=1, d_model=32, steps=3, batch_size=2, warmup=1, checkpoint_every=3,
+    spec = experiment.preset("article-cpu", n_layer=1, d_model=32, steps=3, batch_size=2, warmup=1,
                              train_len=article.train_len // scale, eval_lengths=tuple(n // scale for n in article.eval_lengths),
                              eval_tokens=article.eval_tokens // scale, stride=article.stride // scale,
+                             sliding=tuple((n // scale, s // scale) for n, s in article.sliding),
+                             curve_tokens=article.curve_tokens // scale, checkpoint_every=1,
                              finetune_steps=2, finetune_len=article.finetune_len // scale)
     assert spec.seeds == spec.other_seeds == (0, 1, 2) and spec.finetune_seeds == (0,)
     rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)

@@ -74,3 +74,36 @@ def test_flushing_denormals_nests():
             pass
         assert (tiny * 1.0).item() == 0.0  # still flushed after the inner block
     assert (tiny * 1.0).item() != 0.0  # and restored after the outer one
+
+
+@pytest.mark.parametrize("encoding", ["t5", "learned", "kerple", "fire", "alibi", "rope"])
+def test_position_parameters_are_not_weight_decayed(encoding):
+    from posenc_lab.train import decay_groups, make_optimizer
+
+    model = small(encoding)
+    decay, rest = decay_groups(model)
+    position = {id(p) for p in model.encoding.parameters()}
+    assert not position & {id(p) for p in decay}
+    assert position <= {id(p) for p in rest}
+    # the Transformer's matrices are still decayed; every trainable parameter is in exactly one group
+    assert id(model.tok_emb.weight) in {id(p) for p in decay}
+    assert sorted(map(id, decay + rest)) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
+    by_group = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert all(by_group[i] == 0.0 for i in position)
+
+
+def test_a_weight_decayed_t5_table_would_shrink_and_ours_does_not():
+    """One AdamW step with zero gradients: decay alone moves a decayed parameter, never the T5 table."""
+    from posenc_lab.train import make_optimizer
+
+    model = small("t5")
+    table = next(model.encoding.parameters())
+    with torch.no_grad():
+        table.fill_(1.0)
+    before = table.detach().clone()
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1, lr=0.1))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    torch.testing.assert_close(table.detach(), before)
