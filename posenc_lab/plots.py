@@ -177,3 +177,31 @@ def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
     return written
+
+
+def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
+    """Two panels against training tokens seen: perplexity at the training length, and growth
+    ``ppl(factor x L) / ppl(L)`` (non-overlapping windows); band of one sd over seeds."""
+    import seaborn as sns
+
+    from .report import budget_frame, budget_growth
+
+    df = budget_frame(checkpoints)
+    train = int(df["train_len"].iloc[0])
+    long = factor * train if factor else int(df["eval_len"].max())
+    default = [n for n in _ORDER if n in set(df["label"]) and (not n.startswith("rope/") or n == "rope/none")]
+    names = [n for n in (labels or default) if n in set(df["label"])]
+    short = df[(df.eval_len == train) & df.label.isin(names)].assign(tokens=lambda d: d.tokens_seen / 1e6)
+    sns.lineplot(data=short, x="tokens", y="perplexity", hue="label", hue_order=names, palette=palette(names),
+                 errorbar="sd", marker="o", ax=axes[0], lw=1)
+    axes[0].set_ylabel(f"perplexity at {train} (training length)")
+    growth = budget_growth(df, long)
+    growth = growth[growth.label.isin(names)].assign(tokens=lambda d: d.tokens_seen / 1e6)
+    sns.lineplot(data=growth, x="tokens", y="growth", hue="label", hue_order=names, palette=palette(names),
+                 errorbar="sd", marker="o", ax=axes[1], lw=1)
+    axes[1].set_ylabel(f"growth ppl({long}) / ppl({train})")
+    for ax in axes:
+        ax.set_xlabel("training tokens seen (millions)")
+    axes[0].get_legend().remove()
+    axes[1].legend(title=None, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return axes

@@ -497,3 +497,57 @@ def headline(rows, *, judged_len: int = 2048) -> str:
         lines.append(f"| {claim} | {row[('sliding', judged_len)]} | {row[('nonoverlapping', judged_len)]} |")
     return "\n\n".join([markdown_table(rows, "sliding", labels=labels),
                         markdown_table(rows, "nonoverlapping", labels=labels), "\n".join(lines)])
+
+
+# --------------------------------------------------------------------------------------------- the budget
+
+
+def load_checkpoints(out: Path | str) -> pd.DataFrame | None:
+    """The evaluations along training of a run (``checkpoints.csv``), or None for a run made before they were kept."""
+    path = Path(out) / "checkpoints.csv"
+    if not path.exists():
+        return None
+    return budget_frame(pd.read_csv(path, keep_default_na=False, na_values=[""]))
+
+
+def budget_frame(checkpoints, train_len: int | None = None) -> pd.DataFrame:
+    """The checkpoint evaluations as a results table (``label``, ``perplexity``, ...) with ``step`` and
+    ``tokens_seen``. Strategies are evaluated at the longer lengths only (at the training length they
+    rotate as ``none`` does), so their training-length rows are copied from ``rope/none``'s."""
+    df = frame(checkpoints)
+    if "train_len" not in df:
+        if train_len is None:
+            train_len = int(df["eval_len"].min())
+        df["train_len"] = train_len
+    df["perplexity"] = pd.to_numeric(df["perplexity"], errors="coerce")
+    train = int(df["train_len"].iloc[0])
+    plain = df[(df.label == "rope/none") & (df.eval_len == train)]
+    copies = [plain.assign(strategy=s, label=f"rope/{s}") for s in sorted(df.loc[df.encoding == "rope", "strategy"].unique())
+              if s != "none" and df[(df.strategy == s) & (df.eval_len == train)].empty]
+    return pd.concat([df, *copies], ignore_index=True) if copies else df
+
+
+def budget_growth(checkpoints, length: int) -> pd.DataFrame:
+    """``ppl(length) / ppl(train_len)`` at every checkpoint, one row per label, seed and step."""
+    df = budget_frame(checkpoints)
+    train = int(df["train_len"].iloc[0])
+    keys = ["label", "seed", "step", "tokens_seen"]
+    short = df[df.eval_len == train].set_index(keys)["perplexity"]
+    long = df[df.eval_len == length].set_index(keys)["perplexity"]
+    return (long / short).dropna().rename("growth").reset_index()
+
+
+def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every claim's verdict at every checkpoint (non-overlapping windows, the curve lengths): a row per
+    claim and part, a column per number of training tokens seen (millions). Where does a verdict flip,
+    and does it flip back?"""
+    df = budget_frame(checkpoints)
+    judged_len = judged_len or int(df["eval_len"].max())
+    records = []
+    for tokens, at_step in df.groupby("tokens_seen", sort=True):
+        for c in claims(at_step, "nonoverlapping", judged_len=judged_len, alpha=alpha):
+            for part, v in c["verdicts"].items():
+                records.append({"claim": f"{c['id']}: {part}", "tokens (M)": round(tokens / 1e6, 2),
+                                "verdict": "not resolved" if v.startswith("not resolved") else v})
+    table = pd.DataFrame(records).pivot(index="claim", columns="tokens (M)", values="verdict")
+    return table.loc[list(dict.fromkeys(r["claim"] for r in records))]

@@ -231,3 +231,42 @@ def test_document_bootstrap_brackets_the_value_and_spans_the_documents():
     assert out["perplexity"] == pytest.approx(math.exp(by_hand))
     assert out["low"] < out["perplexity"] < out["high"] and out["documents"] == 4
     assert out["doc_min"] == pytest.approx(math.exp(1.05)) and out["doc_max"] == pytest.approx(math.exp(3.05))
+
+
+def _checkpoint_rows():
+    """Two budgets: at the first T5 grows more than RoPE past L, at the second less."""
+    rows = []
+    growth = {100: {"t5": 2.0, "rope": 1.5, "alibi": 1.0}, 200: {"t5": 1.2, "rope": 1.6, "alibi": 1.0}}
+    for step, by_enc in growth.items():
+        for seed in (0, 1, 2):
+            rng = np.random.default_rng(step * 10 + seed)
+            for enc, g in by_enc.items():
+                base = 8.0 - step / 100 + 0.05 * rng.standard_normal()
+                for length, ppl in ((128, base), (512, base * g * (1 + 0.01 * rng.standard_normal()))):
+                    rows.append({"encoding": enc, "strategy": "none" if enc == "rope" else "-", "seed": seed,
+                                 "step": step, "tokens_seen": step * 1000, "eval_len": length,
+                                 "eval_mode": "nonoverlapping", "status": "ok", "perplexity": ppl})
+    return rows
+
+
+def test_budget_verdicts_show_where_a_verdict_flips():
+    table = report.budget_verdicts(_checkpoint_rows())
+    assert list(table.columns) == [0.1, 0.2]
+    assert table.loc["3: worse than RoPE"].tolist() == ["holds", "fails"]
+    growth = report.budget_growth(_checkpoint_rows(), 512)
+    t5 = growth[(growth.label == "t5") & (growth.step == 100)]["growth"]
+    assert t5.mean() == pytest.approx(2.0, rel=0.05) and len(t5) == 3
+
+
+def test_budget_curves_draw_both_panels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posenc_lab import plots
+
+    fig, axes = plt.subplots(1, 2)
+    plots.budget_curves(_checkpoint_rows(), axes)
+    assert len(axes[0].lines) >= 3 and "growth" in axes[1].get_ylabel()
+    plt.close(fig)
