@@ -57,7 +57,8 @@ results-retrieval: env
 results-article: env
 	$(PY) -m posenc_lab run --preset article-cpu --out runs/article-cpu
 	rm -rf results/article-cpu && mkdir -p results/article-cpu && \
-	  cp -r runs/article-cpu/config.json runs/article-cpu/results.* runs/article-cpu/units runs/article-cpu/figures results/article-cpu/
+	  cp -r runs/article-cpu/config.json runs/article-cpu/results.* runs/article-cpu/documents.csv \
+	  runs/article-cpu/checkpoints.csv runs/article-cpu/units runs/article-cpu/figures results/article-cpu/
 	# float16 weights of seed 0 for chapter 9's diagnostics and chapter 4's generation
 	$(PY) -c "from posenc_lab import results; results.export_models('runs/article-cpu', 'article-cpu', \
 	  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
@@ -67,6 +68,7 @@ results-article: env
 benchmarks-cpu: env
 	$(PY) benchmarks/attention.py --lengths 512,1024,2048 --train-len 512 --heads 8 --head-dim 64 --reps 5 --json results/benchmarks/cpu-attention.json
 	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 128 --n-head 4 --seq-len 512 --batch 4 --reps 10 --rounds 5 --json results/benchmarks/cpu-train.json
+	$(PY) benchmarks/step.py --json results/benchmarks/cpu-step.json
 	$(PY) benchmarks/long_eval.py --lengths 1024,2048,4096,8192 --reps 3 --rounds 2 --json results/benchmarks/cpu-long-eval.json
 	$(PY) benchmarks/levers.py --json results/benchmarks/cpu-levers.json
 	$(PY) benchmarks/generate.py --json results/benchmarks/cpu-generate.json

@@ -551,3 +551,54 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
                                 "verdict": "not resolved" if v.startswith("not resolved") else v})
     table = pd.DataFrame(records).pivot(index="claim", columns="tokens (M)", values="verdict")
     return table.loc[list(dict.fromkeys(r["claim"] for r in records))]
+
+
+def _power_law(tokens, floor, scale, exponent):
+    return floor + scale * tokens ** (-exponent)
+
+
+def budget_extrapolation(checkpoints, labels, *, within: float = 0.10, horizon: float = 1000.0) -> dict:
+    """How many training tokens until ``labels`` reach perplexities within ``within`` of each other at
+    the training length, extrapolated from the checkpoint curves -- an extrapolation, stated as one.
+
+    For every label, the seed-mean loss (nats, non-overlapping windows at the training length) against
+    tokens seen ``t`` (millions) is fitted by ``loss(t) = floor + scale * t**(-exponent)`` (least squares,
+    ``scipy.optimize.curve_fit``; floor, scale and exponent positive). The fitted curves are followed
+    on a log grid from the last checkpoint to ``horizon`` times it; the answer is the first ``t`` at
+    which the largest and smallest fitted perplexity are within ``within`` (``max/min - 1 <= within``).
+
+    Returns ``{"fits": DataFrame(label, floor, scale, exponent, rmse, last_tokens_m, last_loss),
+    "gap_now": relative spread of the last measured perplexities, "tokens_m": the extrapolated
+    millions of tokens or None (not within the horizon), "gap_at_horizon"}``. The floors are the least
+    determined numbers: a curve still falling fast leaves them loose, and the answer with them.
+    """
+    from scipy.optimize import curve_fit
+
+    df = budget_frame(checkpoints)
+    train = int(df["train_len"].iloc[0])
+    short = df[(df.eval_len == train) & (df.eval_mode == "nonoverlapping") & df.label.isin(labels)]
+    missing = sorted(set(labels) - set(short.label))
+    if missing:
+        raise PosencError(f"no checkpoint evaluations at the training length for {', '.join(missing)}")
+    curves = short.groupby(["label", "tokens_seen"])["loss"].mean().reset_index()
+    fits, last_t = [], 0.0
+    for name in labels:
+        c = curves[curves.label == name].sort_values("tokens_seen")
+        t, y = c["tokens_seen"].to_numpy() / 1e6, c["loss"].to_numpy()
+        if len(t) < 4:
+            raise PosencError(f"{name} has {len(t)} checkpoint evaluations; a three-parameter fit needs at least 4")
+        guess = (max(y.min() * 0.9, 1e-3), max(y[0] - y.min(), 1e-3) * t[0] ** 0.5, 0.5)
+        params, _ = curve_fit(_power_law, t, y, p0=guess, bounds=([0, 0, 1e-3], [y.min(), np.inf, 5]), maxfev=20000)
+        rmse = float(np.sqrt(np.mean((_power_law(t, *params) - y) ** 2)))
+        fits.append({"label": name, "floor": params[0], "scale": params[1], "exponent": params[2], "rmse": rmse,
+                     "last_tokens_m": t[-1], "last_loss": y[-1]})
+        last_t = max(last_t, t[-1])
+    fits = pd.DataFrame(fits)
+    last = np.exp(fits["last_loss"])
+    grid = np.geomspace(last_t, last_t * horizon, 2000)
+    predicted = np.stack([_power_law(grid, r.floor, r.scale, r.exponent) for r in fits.itertuples()])
+    spread = np.exp(predicted.max(0) - predicted.min(0)) - 1
+    reached = np.nonzero(spread <= within)[0]
+    return {"fits": fits, "gap_now": float(last.max() / last.min() - 1),
+            "tokens_m": float(grid[reached[0]]) if len(reached) else None, "gap_at_horizon": float(spread[-1]),
+            "within": within, "horizon_m": float(grid[-1])}

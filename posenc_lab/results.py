@@ -109,12 +109,24 @@ def model(name: str, encoding: str, *, seed: int = 0, **options):
     node = folder(name) / "models" / f"{encoding}-s{seed}.pt"
     if not node.is_file():
         raise PosencError(f"run {name!r} has no committed model for {encoding} seed {seed}")
-    cfg = spec.model_config(encoding)
+    cfg = spec.model_config(_trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
     state = torch.load(io.BytesIO(node.read_bytes()), map_location="cpu", weights_only=True)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return net.eval()
+
+
+def _trained_as(encoding: str, config: dict) -> str:
+    """The registered encoding that reproduces what a run trained under the name ``encoding``.
+
+    Runs made before the evaluation text was recorded in ``config.json`` (before issue 19) trained
+    ``sinusoidal`` with the table at RMS 0.02 and unscaled tokens, which is today's
+    ``sinusoidal-small``; loading their weights into today's ``sinusoidal`` would pair them with an
+    amplitude they never saw."""
+    if encoding == "sinusoidal" and "evaluation_text" not in config:
+        return "sinusoidal-small"
+    return encoding
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:

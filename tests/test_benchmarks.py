@@ -59,9 +59,30 @@ def test_peer_benchmark_smoke_when_x_transformers_is_installed(tmp_path):
     result, stdout = run("peer.py", "--encodings", "nope,alibi", tmp_path=tmp_path)
     rows = {r["encoding"]: r for r in result["rows"]}
     assert set(rows) == {"nope", "alibi"} and all(r["train_speedup"] > 0 and r["eval_speedup"] > 0 for r in rows.values())
+    for r in rows.values():  # the same model on both sides: heads of d_model / heads, parameters within 2 %
+        assert abs(r["params_theirs_m"] / r["params_ours_m"] - 1) < 0.02, r
+        assert r["train_flop_speedup"] == pytest.approx(
+            r["train_speedup"] * r["gflop_per_step_ours"] / r["gflop_per_step_theirs"])
 
 
 def test_levers_benchmark_smoke(tmp_path):
     result, stdout = run("levers.py", tmp_path=tmp_path)
     assert [r["way"] for r in result["rows"]][0] == "no bias, causal" and result["rows"][0]["vs_no_bias"] == 1.0
     assert len(result["rows"]) == 5 and result["mask_build_ms"] > 0
+
+
+def test_step_benchmark_smoke(tmp_path):
+    result, stdout = run("step.py", "--encodings", "nope,alibi", "--profile", "alibi", "--lever-encodings", "nope",
+                         "--levers", "fused-adamw,one-thread", tmp_path=tmp_path)
+    limit = result["limit"]
+    assert limit["limit_gflops"] > 0 and limit["square_1024_gflops"] > 0
+    rows = {r["encoding"]: r for r in result["rows"]}
+    assert rows["nope"]["vs_nope"] == 1.0 and 0 < rows["alibi"]["mfu"] < 1
+    # the model's FLOPs (causal half) are below what the counter sees (the attention square in full)
+    assert rows["nope"]["model_gflop_per_step"] < rows["nope"]["counted_gflop_per_step"]
+    shares = result["profiles"]["alibi"]
+    assert set(shares) == {"matmul", "attention", "optimiser", "other ops", "python and dispatch"}
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["matmul"] > 0
+    assert {(r["lever"], r["encoding"]) for r in result["levers"]} == {("fused-adamw", "nope"), ("one-thread", "nope")}
+    assert all(r["speedup"] > 0 and r["loss_diff"] < 1e-3 for r in result["levers"])
+    assert "matmul limit" in stdout

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from posenc_lab import report
+from posenc_lab import PosencError, report
 
 LENGTHS = (128, 256, 512)
 
@@ -270,3 +270,43 @@ def test_budget_curves_draw_both_panels():
     plots.budget_curves(_checkpoint_rows(), axes)
     assert len(axes[0].lines) >= 3 and "growth" in axes[1].get_ylabel()
     plt.close(fig)
+
+
+def _power_law_rows(laws, steps=(50, 100, 200, 300, 400, 500, 600, 700), tokens_per_step=4096, noise=0.0):
+    rows = []
+    for step in steps:
+        t = step * tokens_per_step
+        for seed in (0, 1, 2):
+            rng = np.random.default_rng(step * 7 + seed)
+            for enc, (floor, scale, exponent) in laws.items():
+                loss = floor + scale * (t / 1e6) ** -exponent + noise * rng.standard_normal()
+                rows.append({"encoding": enc, "strategy": "none" if enc == "rope" else "-", "seed": seed,
+                             "step": step, "tokens_seen": t, "eval_len": 128, "eval_mode": "nonoverlapping",
+                             "status": "ok", "loss": loss, "perplexity": math.exp(loss)})
+    return rows
+
+
+def test_budget_extrapolation_recovers_known_power_laws_and_their_crossing():
+    laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.02, 1.5, 0.45)}
+    out = report.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
+    fits = out["fits"].set_index("label")
+    for name, (floor, scale, exponent) in zip(["rope/none", "t5"], laws.values()):
+        assert fits.loc[name, "floor"] == pytest.approx(floor, rel=1e-3)
+        assert fits.loc[name, "exponent"] == pytest.approx(exponent, rel=1e-3)
+    # by hand: the first t (millions) where (1.02 + 1.5 t^-0.45) - (1 + 0.6 t^-0.5) <= log(1.1)
+    grid = np.geomspace(2.8672, 2867.2, 200001)
+    gap = (1.02 + 1.5 * grid ** -0.45) - (1.0 + 0.6 * grid ** -0.5)
+    assert gap[0] > math.log(1.1) and gap[-1] < math.log(1.1)
+    want = grid[np.argmax(gap <= math.log(1.1))]
+    assert out["tokens_m"] == pytest.approx(want, rel=0.01)
+    assert out["gap_now"] == pytest.approx(math.exp(1.02 + 1.5 * 2.8672 ** -0.45 - 1 - 0.6 * 2.8672 ** -0.5) - 1, rel=1e-6)
+
+
+def test_budget_extrapolation_says_never_when_the_floors_differ_by_more_than_the_target():
+    laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.2, 1.5, 0.4)}  # floors exp(0.2) - 1 = 22 % apart
+    out = report.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
+    assert out["tokens_m"] is None and out["gap_at_horizon"] > 0.10
+    with pytest.raises(PosencError, match="no checkpoint evaluations at the training length for alibi"):
+        report.budget_extrapolation(_power_law_rows(laws), ["alibi"])
+    with pytest.raises(PosencError, match="a three-parameter fit needs at least 4"):
+        report.budget_extrapolation(_power_law_rows(laws, steps=(100, 200, 300)), ["t5"])

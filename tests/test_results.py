@@ -26,18 +26,32 @@ def test_unknown_results_are_a_clear_error():
         results.benchmark("gpu-dreams")
 
 
-def test_committed_models_reproduce_their_committed_numbers():
-    """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32."""
+@pytest.mark.parametrize("encoding", ["alibi", "sinusoidal"])
+def test_committed_models_reproduce_their_committed_numbers(encoding):
+    """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32.
+
+    Sinusoidal checks that a model is rebuilt as its run trained it (the recipe changed in issue 19)."""
     from posenc_lab.data import load_corpus
     from posenc_lab.evaluate import evaluate
 
     rows, _, config = results.load("article-cpu")
     spec = config["spec"]
-    model = results.model("article-cpu", "alibi")
+    model = results.model("article-cpu", encoding)
     assert model.cfg.train_len == spec["train_len"] and not model.training
-    stream = load_corpus("stdlib").stream("test")
-    got = evaluate(model, stream, length=spec["train_len"], tokens=spec["eval_tokens"], mode="nonoverlapping")
-    want = next(r for r in rows if r["encoding"] == "alibi" and r["seed"] == 0 and r["eval_len"] == spec["train_len"]
+    corpus = load_corpus("stdlib")
+    if "evaluation_text" in config:  # the run's own evaluation text: every test file's first bytes, with a lead-in
+        from posenc_lab.data import evaluation_text
+        from posenc_lab.experiment import Spec
+
+        run_spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()})
+        text = evaluation_text(corpus, spec["eval_tokens"], context=run_spec.eval_context())
+        assert text.describe() == config["evaluation_text"]  # the same bytes as the run scored
+        stream, context = text.stream, text.context
+    else:
+        stream, context = corpus.stream("test"), 0
+    got = evaluate(model, stream, length=spec["train_len"], tokens=spec["eval_tokens"], mode="nonoverlapping",
+                   context=context)
+    want = next(r for r in rows if r["encoding"] == encoding and r["seed"] == 0 and r["eval_len"] == spec["train_len"]
                 and r["eval_mode"] == "nonoverlapping")
     assert got["loss"] == pytest.approx(want["loss"], rel=2e-3)  # float16 weights: close, not equal
 
