@@ -154,9 +154,17 @@ def measure(args) -> dict:
     threads = torch.get_num_threads()
     limit = matmul_limit(args)
     rows, profiles, levers = [], {}, []
-    for name in tqdm(args.encodings, desc="MFU and profile", disable=args.no_progress):
-        model, step = build(name, args)
-        seconds = min(median_time(step, cpu, warmup=args.warmup, reps=args.reps) for _ in range(args.rounds))
+    built = {name: build(name, args) for name in args.encodings}
+    best = dict.fromkeys(args.encodings, float("inf"))
+    bar = tqdm(total=args.rounds * len(built), desc="MFU", disable=args.no_progress)
+    for _ in range(args.rounds):  # interleaved rounds: no encoding gets the warmer (or colder) machine
+        for name, (_, step) in built.items():
+            best[name] = min(best[name], median_time(step, cpu, warmup=args.warmup, reps=args.reps))
+            bar.update()
+    bar.close()
+    for name in tqdm(args.encodings, desc="FLOPs and profile", disable=args.no_progress):
+        model, step = built[name]
+        seconds = best[name]
         tokens_per_s = args.batch * args.seq_len / seconds
         model_flops = model.flops_per_token(args.seq_len) * args.batch * args.seq_len
         rows.append({"encoding": name, "ms_per_step": seconds * 1e3, "tokens_per_s": tokens_per_s,
@@ -213,8 +221,8 @@ def main(argv=None):
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch", type=int, default=8, help="article-cpu's batch")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=2, help="repeats; the best median counts")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the best median counts")
     p.add_argument("--check-steps", type=int, default=5, help="steps after which a lever's loss is compared")
     p.add_argument("--json")
     p.add_argument("--no-progress", action="store_true")

@@ -61,6 +61,8 @@ def test_peer_benchmark_smoke_when_x_transformers_is_installed(tmp_path):
     assert set(rows) == {"nope", "alibi"} and all(r["train_speedup"] > 0 and r["eval_speedup"] > 0 for r in rows.values())
     for r in rows.values():  # the same model on both sides: heads of d_model / heads, parameters within 2 %
         assert abs(r["params_theirs_m"] / r["params_ours_m"] - 1) < 0.02, r
+        # the same arithmetic on both sides, counted both sides (x-transformers on its einsum twin)
+        assert r["gflop_per_step_theirs"] == pytest.approx(r["gflop_per_step_ours"], rel=0.05), r
         assert r["train_flop_speedup"] == pytest.approx(
             r["train_speedup"] * r["gflop_per_step_ours"] / r["gflop_per_step_theirs"])
 

@@ -14,7 +14,7 @@ def test_every_committed_run_loads(name):
 
 
 def test_committed_benchmarks_load():
-    for name in ("cpu-attention", "cpu-train", "cpu-long-eval", "cpu-levers", "cpu-generate", "cpu-peer"):
+    for name in ("cpu-attention", "cpu-train", "cpu-long-eval", "cpu-levers", "cpu-generate", "cpu-peer", "cpu-step"):
         bench = results.benchmark(name)
         assert bench["rows"] and bench["environment"]
 
