@@ -317,17 +317,32 @@ class RoPE(Encoding):
       (``max(positions) + 1``): what a fresh forward pass over the sequence computes.
 
     The tables are computed in float64 and applied in the input's precision, float32 or better.
+
+    Two options restrict the rotation to part of the head (the variants :class:`PartialRoPE` and
+    :class:`PRoPE` set them): ``rotary_dim`` rotates only the first ``rotary_dim`` coordinates, with
+    frequencies ``base ** (-2 i / rotary_dim)`` over them (the full range on fewer coordinates), and
+    passes the rest through; ``kept_pairs`` keeps the rotation of the ``kept_pairs`` fastest pairs and
+    sets ``theta_i = 0`` for the slower ones (they carry no position).
     """
 
     name, hook = "rope", "rotate"
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, layout: str = "half",
-                 scaling: str = "none", factor: float | None = None, dynamic: str = "cache", **scaling_options):
+                 scaling: str = "none", factor: float | None = None, dynamic: str = "cache",
+                 rotary_dim: int | None = None, kept_pairs: int | None = None, **scaling_options):
         super().__init__()
         check_even("RoPE head dimension", head_dim)
         if layout not in rope.LAYOUTS:
             raise unknown_name("RoPE layout", layout, rope.LAYOUTS)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        check_even("RoPE rotary dimension", rotary_dim)
+        if rotary_dim > head_dim:
+            raise PosencError(f"RoPE rotary dimension {rotary_dim} exceeds the head dimension {head_dim}")
+        kept_pairs = rotary_dim // 2 if kept_pairs is None else kept_pairs
+        if isinstance(kept_pairs, bool) or not isinstance(kept_pairs, int) or not 0 <= kept_pairs <= rotary_dim // 2:
+            raise PosencError(f"RoPE kept_pairs must be an integer from 0 to {rotary_dim // 2}, got {kept_pairs!r}")
         self.head_dim, self.train_len, self.base, self.layout = head_dim, train_len, base, layout
+        self.rotary_dim, self.kept_pairs = rotary_dim, kept_pairs
         self.set_scaling(scaling, factor, dynamic=dynamic, **scaling_options)
 
     def set_scaling(self, method: str, factor: float | None = None, *, dynamic: str | None = None, **options) -> "RoPE":
@@ -338,7 +353,7 @@ class RoPE(Encoding):
         if dynamic not in DYNAMIC_FORMS:
             raise unknown_name("dynamic-NTK form", dynamic, DYNAMIC_FORMS)
         seq_len = self.train_len if method == "dynamic-ntk" else None
-        rope.scaled_inv_freq(method, self.head_dim, base=self.base, train_len=self.train_len,
+        rope.scaled_inv_freq(method, self.rotary_dim, base=self.base, train_len=self.train_len,
                              seq_len=seq_len, factor=factor, **options)
         self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
         self.clear_cache()
@@ -354,11 +369,14 @@ class RoPE(Encoding):
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         n = position_span(positions)
         if self.scaling == "dynamic-ntk" and self.dynamic == "cache":
-            angles, factor = rope.dynamic_ntk_angles(positions, self.head_dim, base=self.base, train_len=self.train_len), 1.0
+            angles = rope.dynamic_ntk_angles(positions, self.rotary_dim, base=self.base, train_len=self.train_len)
+            factor = 1.0
         else:
-            freqs, factor = rope.scaled_inv_freq(self.scaling, self.head_dim, base=self.base, train_len=self.train_len,
+            freqs, factor = rope.scaled_inv_freq(self.scaling, self.rotary_dim, base=self.base, train_len=self.train_len,
                                                  seq_len=max(n, 1), factor=self.factor, **self.scaling_options)
             angles = rope.rope_angles(positions, freqs)
+        if self.kept_pairs < self.rotary_dim // 2:  # p-RoPE: the slowest pairs do not turn
+            angles = angles * (torch.arange(angles.shape[-1], device=angles.device) < self.kept_pairs)
         return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
     def spread_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -374,7 +392,10 @@ class RoPE(Encoding):
 
     def rotate_one(self, x, positions, role):
         cos, sin = self._memo_spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
-        return rope.rotate_with(x, cos, sin, self.layout)
+        if self.rotary_dim == self.head_dim:
+            return rope.rotate_with(x, cos, sin, self.layout)
+        turned = rope.rotate_with(x[..., : self.rotary_dim], cos, sin, self.layout)
+        return torch.cat([turned, x[..., self.rotary_dim :]], dim=-1)
 
     @property
     def cacheable(self) -> bool:
@@ -385,10 +406,64 @@ class RoPE(Encoding):
         return self.scaling == "none" or self.factor is not None
 
     def extra_repr(self):
-        return f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
+        parts = f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
+        if self.rotary_dim < self.head_dim:
+            parts += f", rotary_dim={self.rotary_dim}"
+        if self.kept_pairs < self.rotary_dim // 2:
+            parts += f", kept_pairs={self.kept_pairs}"
+        return parts
 
 
 DYNAMIC_FORMS = ("cache", "sequence")
+
+
+def _fraction_of(name: str, fraction, total: int) -> int:
+    """``round(fraction * total)``, checked: ``fraction`` in (0, 1] and at least one unit kept."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise PosencError(f"{name} must be a number in (0, 1], got {fraction!r}")
+    count = round(fraction * total)
+    if count < 1:
+        raise PosencError(f"{name} {fraction} keeps nothing of {total}")
+    return count
+
+
+class PartialRoPE(RoPE):
+    """Partial rotary (GPT-NeoX's ``rotary_pct``, Phi's ``partial_rotary_factor``): RoPE on a fraction of each head.
+
+    The first ``r = 2 round(fraction * d / 2)`` coordinates of a head of size ``d`` are rotated with
+    ``theta_i = base ** (-2 i / r)``, ``i < r / 2`` -- the *full* range of frequencies, from one radian
+    per position down to about ``1 / base``, on fewer coordinates -- and the other ``d - r`` carry no
+    position. The default ``fraction = 0.25`` is GPT-NeoX's. Compare :class:`PRoPE`, which keeps
+    only the fast frequencies.
+    """
+
+    name, variant_of = "rope-partial", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, fraction: float = 0.25, **options):
+        check_even("RoPE head dimension", head_dim)
+        rotary_dim = 2 * _fraction_of("partial rotary fraction", fraction, head_dim // 2)
+        super().__init__(head_dim, train_len=train_len, rotary_dim=rotary_dim, **options)
+        self.fraction = fraction
+
+
+class PRoPE(RoPE):
+    """p-RoPE (Barbero et al. 2024): RoPE without its lowest frequencies.
+
+    Of the ``d / 2`` pairs with ``theta_i = base ** (-2 i / d)``, the ``k = round(p * d / 2)`` fastest
+    (``i < k``) rotate as in RoPE and the others get ``theta_i = 0``: no rotation, no position. The
+    kept frequencies are RoPE's own, from 1 down to ``base ** (-2 (k - 1) / d)``; the slow pairs, whose
+    angles hardly move within any length and which the authors find act as semantic channels, are
+    freed of position. The default ``p = 0.75`` is the authors' best on Gemma 2B. Compare
+    :class:`PartialRoPE`, which keeps the whole range of frequencies on fewer coordinates.
+    """
+
+    name, variant_of = "p-rope", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, p: float = 0.75, **options):
+        check_even("RoPE head dimension", head_dim)
+        kept = _fraction_of("p-RoPE's p", p, head_dim // 2)
+        super().__init__(head_dim, train_len=train_len, kept_pairs=kept, **options)
+        self.p = p
 
 
 class XPos(Encoding):
@@ -517,7 +592,8 @@ class Fire(_BiasEncoding):
 
 #: the one registry of encodings: name -> class (:func:`make_encoding` builds one from the model's shape)
 ENCODINGS: dict[str, type[Encoding]] = {
-    cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, XPos, ALiBi, T5, Kerple, Fire)
+    cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
+                              Kerple, Fire)
 }
 
 #: the encodings themselves, without their variants (the default of every experiment)
@@ -530,6 +606,8 @@ _SHAPE_ARGS: dict[str, Callable[[int, int, int, int], dict]] = {
     "sinusoidal-small": lambda d, h, hd, L: {"d_model": d},
     "learned": lambda d, h, hd, L: {"d_model": d, "max_len": L},
     "rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "rope-partial": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "p-rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
     "xpos": lambda d, h, hd, L: {"head_dim": hd},
     "alibi": lambda d, h, hd, L: {"num_heads": h},
     "t5": lambda d, h, hd, L: {"num_heads": h},

@@ -18,7 +18,7 @@ from einops import rearrange
 from torch import nn
 
 from .backends import KVCache, attention
-from .encodings import make_encoding
+from .encodings import RoPE, make_encoding
 from .errors import PosencError, check_positive
 
 
@@ -214,7 +214,7 @@ class GPT(nn.Module):
         """Fix a length-following RoPE factor at ``final_len`` (and a dynamic-NTK form) for one call; returns
         the function that restores the encoding as it was."""
         enc = self.encoding
-        if enc.name != "rope":
+        if not isinstance(enc, RoPE):  # RoPE and its variants
             return lambda: None
         saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
         factor = enc.factor

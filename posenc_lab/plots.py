@@ -16,8 +16,13 @@ from .encodings import ENCODINGS
 from .report import frame, label
 from .rope import ROPE_SCALINGS
 
-# one fixed colour per curve, the same in every figure: encodings first, then RoPE's strategies
-_ORDER = [n for n in ENCODINGS if n != "rope"] + [f"rope/{s}" for s in ROPE_SCALINGS] + [f"rope/{s}+ft" for s in ROPE_SCALINGS]
+# one fixed colour per curve, the same in every figure: encodings first, then RoPE's strategies (tab20), then
+# what was added later (tab20b), so that a new name never changes the colour of an old one
+_FIRST = ("nope", "sinusoidal", "sinusoidal-small", "learned", "xpos", "alibi", "t5", "kerple", "fire")
+_FIRST_SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
+_ORDER = list(_FIRST) + [f"rope/{s}" for s in _FIRST_SCALINGS] + [f"rope/{s}+ft" for s in _FIRST_SCALINGS]
+_ORDER += [n for n in ENCODINGS if n != "rope" and n not in _ORDER]
+_ORDER += [f"rope/{s}{ft}" for ft in ("", "+ft") for s in ROPE_SCALINGS if f"rope/{s}{ft}" not in _ORDER]
 
 
 def use_theme() -> None:
@@ -28,12 +33,13 @@ def use_theme() -> None:
 
 
 def color(name: str):
-    """The fixed colour of an encoding or ``rope/<strategy>`` (tab20, in registry order)."""
+    """The fixed colour of an encoding or ``rope/<strategy>`` (tab20 for the first twenty names, then tab20b)."""
     import matplotlib
 
     key = name if name in _ORDER else name.split("/")[0]
     index = _ORDER.index(key) if key in _ORDER else len(_ORDER)
-    return matplotlib.colormaps["tab20"].colors[index % 20]
+    colours = matplotlib.colormaps["tab20"].colors + matplotlib.colormaps["tab20b"].colors
+    return colours[index % len(colours)]
 
 
 def palette(names) -> dict:

@@ -187,6 +187,35 @@ def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, 
     return scaled, yarn_attention_factor(factor) if mscale is None else float(mscale)
 
 
+@_register("llama3")
+def _llama3(dim, base, factor, train_len, seq_len, low_freq_factor=1.0, high_freq_factor=4.0, original_len=None):
+    """Llama 3.1's scaling (Meta 2024; Hugging Face's ``rope_type="llama3"``): thresholds on the wavelength.
+
+    With ``lambda_i = 2 pi / theta_i`` and ``L_o = original_len`` (default: the training length),
+    ``lo = L_o / low_freq_factor`` and ``hi = L_o / high_freq_factor`` (so ``hi <= lo``):
+
+    * ``lambda_i < hi`` (fast pairs, many turns within ``L_o``): ``theta_i`` unchanged;
+    * ``lambda_i > lo`` (slow pairs): ``theta_i / s``, position interpolation;
+    * otherwise ``theta_i' = (1 - g_i) theta_i / s + g_i theta_i`` with
+      ``g_i = (L_o / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``, linear in
+      the pair's turns ``L_o / lambda_i`` (YaRN's ramp is linear in the pair index instead).
+
+    Attention factor 1. Meta's released values are ``s = 8``, ``low_freq_factor = 1``,
+    ``high_freq_factor = 4``, ``L_o = 8192``; here ``s`` follows the length like every other strategy.
+    """
+    check_positive("Llama 3 scaling's low_freq_factor", low_freq_factor)
+    check_positive("Llama 3 scaling's high_freq_factor", high_freq_factor)
+    if not high_freq_factor > low_freq_factor:
+        raise PosencError(f"Llama 3 scaling needs high_freq_factor > low_freq_factor, got {high_freq_factor} "
+                          f"and {low_freq_factor}")
+    original = float(train_len if original_len is None else original_len)
+    check_positive("Llama 3 scaling's original_len", original)
+    freqs = inv_freq(dim, base)
+    turns = original * freqs / (2 * math.pi)  # L_o / lambda_i
+    g = ((turns - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0.0, 1.0)
+    return (1 - g) * freqs / factor + g * freqs, 1.0
+
+
 def resolve_factor(train_len: int, seq_len: int | None, factor: float | None) -> float:
     """The scale factor ``s``: as given, else ``max(1, seq_len / train_len)``, else 1.
 
