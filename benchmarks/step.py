@@ -22,7 +22,9 @@ Four measurements, each against a baseline taken in the same run:
 * **levers**, one at a time against the default step: ``torch.compile`` of the loss (inductor's
   C++ backend; compile time reported apart), AdamW ``fused`` in place of ``foreach``, one thread in
   place of all. Each lever's loss after the same steps from the same start is compared with the
-  default's.
+  default's. ``one-bias-block`` is the learned biases' training path before issue 21 (the whole
+  attention square in one explicit softmax) against today's blocks of queries: below 1 means the
+  blocks are faster.
 """
 
 from __future__ import annotations
@@ -38,14 +40,18 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, print_table, write_json  # noqa: E402
 
+from posenc_lab import backends  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
 from posenc_lab.train import TrainConfig, decay_groups, flush_denormals  # noqa: E402
 
-LEVERS = ("compile", "fused-adamw", "one-thread")
+LEVERS = ("compile", "fused-adamw", "one-thread", "one-bias-block")
 
 
-def build(name: str, args, *, fused: bool = False, compiled: bool = False):
-    """A model with encoding ``name`` and one training step on a fixed batch, as ``train`` runs it."""
+def build(name: str, args, *, fused: bool = False, compiled: bool = False, one_block: bool = False):
+    """A model with encoding ``name`` and one training step on a fixed batch, as ``train`` runs it.
+
+    ``one_block``: a learned bias trains through the whole attention square at once, the path before
+    issue 21 (the default since is blocks of ``backends.GRAD_BLOCK`` queries)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding=name, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                           train_len=args.seq_len))
@@ -58,6 +64,14 @@ def build(name: str, args, *, fused: bool = False, compiled: bool = False):
     x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
 
     def step() -> float:
+        block = backends.GRAD_BLOCK
+        backends.GRAD_BLOCK = 10**9 if one_block else block
+        try:
+            return plain_step()
+        finally:
+            backends.GRAD_BLOCK = block
+
+    def plain_step() -> float:
         with flush_denormals():
             loss = loss_fn(x[:, :-1], x[:, 1:])
             loss.backward()
@@ -134,9 +148,14 @@ def profile(step, reps: int = 3) -> dict:
             step()
         wall = time.perf_counter() - t0
     shares = {"matmul": 0.0, "attention": 0.0, "optimiser": 0.0, "other ops": 0.0}
-    for event in prof.key_averages():  # operators by their own time; autograd nodes' and Python's own time is the rest
-        if event.key.startswith("aten::") or event.key.startswith("Optimizer."):
-            shares[category(event.key)] += event.self_cpu_time_total / 1e6
+    for event in prof.events():  # operators by their own time; autograd nodes' and Python's own time is the rest
+        if not event.name.startswith("aten::"):
+            continue
+        parent, inside_optimiser = event.cpu_parent, False
+        while parent is not None and not inside_optimiser:  # AdamW's own arithmetic (sqrt, lerp_, ...) counts there
+            inside_optimiser = parent.name.startswith("Optimizer.") or "clip_grad" in parent.name
+            parent = parent.cpu_parent
+        shares["optimiser" if inside_optimiser else category(event.name)] += event.self_cpu_time_total / 1e6
     shares = {k: v / wall for k, v in shares.items()}
     shares["python and dispatch"] = max(0.0, 1.0 - sum(shares.values()))
     return shares
@@ -179,14 +198,19 @@ def measure(args) -> dict:
     for name in tqdm(args.lever_encodings, desc="levers", disable=args.no_progress):
         _, base = build(name, args)
         base_loss = loss_after(build(name, args)[1], args.check_steps)
+        model = build(name, args)[0]
+        learned_bias = model.encoding.has_bias and any(p.requires_grad for p in model.encoding.parameters())
         for lever in args.levers:
+            if lever == "one-bias-block" and not learned_bias:
+                continue  # the same path either way
             if lever == "one-thread":
                 torch.set_num_threads(1)
                 _, fast = build(name, args)
                 compile_s = None
             else:
                 t0 = time.perf_counter()
-                _, fast = build(name, args, fused=lever == "fused-adamw", compiled=lever == "compile")
+                _, fast = build(name, args, fused=lever == "fused-adamw", compiled=lever == "compile",
+                                one_block=lever == "one-bias-block")
                 fast()  # the first call compiles
                 compile_s = time.perf_counter() - t0 if lever == "compile" else None
             lever_s, base_s = float("inf"), float("inf")
@@ -197,7 +221,8 @@ def measure(args) -> dict:
                 if lever == "one-thread":
                     torch.set_num_threads(1)
             torch.set_num_threads(1 if lever == "one-thread" else threads)
-            _, fresh = build(name, args, fused=lever == "fused-adamw", compiled=lever == "compile")
+            _, fresh = build(name, args, fused=lever == "fused-adamw", compiled=lever == "compile",
+                             one_block=lever == "one-bias-block")
             lever_loss = loss_after(fresh, args.check_steps)
             torch.set_num_threads(threads)
             levers.append({"encoding": name, "lever": lever, "speedup": base_s / lever_s,

@@ -44,6 +44,8 @@ from .errors import PosencError, check_positions, unknown_name
 BACKENDS = ("auto", "reference", "sdpa", "flex")
 #: queries per block of the ``sdpa`` backend's causal attention with a bias
 BLOCK = 512
+#: queries per block of the explicit path that trains a learned bias on the CPU (:func:`_learned_bias_attention`)
+GRAD_BLOCK = 128
 #: the largest materialized mask (bytes) that is memoised whole; past it, each block is built when used
 MASK_BUDGET = 2 * 2**30
 _NOPE = NoPE()
@@ -227,11 +229,11 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
         if offset == 0:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
+    if q.device.type == "cpu" and torch.is_grad_enabled() and encoding.needs_grad():
+        return _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal)
     whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
     mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
     if nq <= BLOCK and mask is not None:
-        if mask.requires_grad and q.device.type == "cpu":
-            return _softmax_attention(q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     outputs = []
     for start in range(0, nq, BLOCK):
@@ -253,6 +255,32 @@ def _softmax_attention(q, k, v, mask):
     fully masked rows (no row here is: every query sees itself)."""
     scores = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2)) + mask  # b h i j
     return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal):
+    """A bias that needs its gradient, on the CPU: the explicit softmax (:func:`_softmax_attention`) in
+    blocks of ``GRAD_BLOCK`` queries, each block with only the keys it can see when causal (about half
+    the scores of one causal square), its mask block built from the encoding and memoised for the
+    forward pass (the layers share it; its gradient flows back to the bias's parameters once)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    offset = nk - nq
+    starts = range(0, nq, GRAD_BLOCK)
+
+    def blocks():
+        out = []
+        for start in starts:
+            stop = min(start + GRAD_BLOCK, nq)
+            keys = offset + stop if causal else nk
+            out.append(bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
+                                  dtype=q.dtype))
+        return out
+
+    masks = encoding.memo("grad-blocks", (q_pos, k_pos), (causal, q.dtype, GRAD_BLOCK), blocks)
+    outputs = []
+    for start, mask in zip(starts, masks):
+        stop, keys = start + mask.shape[-2], mask.shape[-1]
+        outputs.append(_softmax_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], mask))
+    return torch.cat(outputs, dim=2)
 
 
 def _is_arange(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:

@@ -221,6 +221,29 @@ def test_learned_bias_gradient_is_the_same_through_every_backend():
     torch.testing.assert_close(grads["sdpa"], grads["reference"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("pos", ["arange", "offset"])
+@pytest.mark.parametrize("name", ["t5", "kerple", "fire"])
+def test_learned_bias_gradients_through_query_blocks_match_reference(name, pos, causal):
+    """Issue 21: a learned bias trains through blocks of GRAD_BLOCK queries, each with the keys it can see;
+    every gradient (queries, keys, values, the bias's parameters) is the float64 reference's, across a
+    length that is not a multiple of the block."""
+    from posenc_lab.backends import GRAD_BLOCK
+
+    if name == "fire" and not causal:
+        pytest.skip("FIRE is causal only")
+    n = 2 * GRAD_BLOCK + 44
+    grads, original = {}, encoding_for(name, causal)  # FIRE's MLP starts from the global RNG: one encoding, copied
+    for backend in ("reference", "sdpa"):
+        enc = copy.deepcopy(original)
+        q, k, v = (t.requires_grad_() for t in qkv(n=n))
+        out = attention(q, k, v, enc, backend=backend, causal=causal, positions=POSITIONS[pos](n))
+        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
+        grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
+    for got, want in zip(grads["sdpa"], grads["reference"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_encodings_survive_deepcopy_after_a_forward():
     import copy
 
