@@ -31,7 +31,7 @@ from .encodings import ENCODINGS, PRIMARY
 from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, evaluate, window_plan
 from .model import GPT, GPTConfig
-from .rope import ROPE_SCALINGS
+from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
 from .train import TrainConfig, replace_atomically, save_atomic, train
 
 try:  # the training-speed defaults live in train.py
@@ -52,7 +52,7 @@ class Spec:
 
     preset: str = "custom"
     encodings: tuple[str, ...] = PRIMARY
-    strategies: tuple[str, ...] = tuple(ROPE_SCALINGS)  # RoPE extrapolation strategies evaluated
+    strategies: tuple[str, ...] = ARTICLE_STRATEGIES  # RoPE extrapolation strategies evaluated
     seeds: tuple[int, ...] = (0,)  # for MAIN_ENCODINGS
     other_seeds: tuple[int, ...] = (0,)  # for the newer relatives (xpos, kerple, fire)
     n_layer: int = 4
@@ -115,7 +115,7 @@ class Spec:
             raise PosencError("fine-tuning needs --finetune-steps > 0 and --finetune-len longer than the training length")
         if self.d_model % self.n_head:
             raise PosencError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
-        if (self.d_model // self.n_head) % 2 and {"rope", "xpos"} & set(self.encodings):
+        if (self.d_model // self.n_head) % 2 and any(ENCODINGS[n].hook == "rotate" for n in self.encodings):
             raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
                               f"{self.d_model // self.n_head} must be even")
 
@@ -200,6 +200,13 @@ PRESETS: dict[str, Spec] = {
                   eval_tokens=65536, stride=512, eval_batch_size=4, seeds=(0, 1, 2),
                   notes="the article's model (12 layers, 8 heads, d_model 512, trained at 512) on a GPU"),
 }
+# issue 19: the sinusoids at the old amplitude, one seed, with article-cpu's recipe and evaluation (its
+# sinusoidal seed 0 sees the same batches and the same bytes, so the two units compare directly)
+PRESETS["amplitude-cpu"] = replace(
+    PRESETS["article-cpu"], preset="amplitude-cpu", encodings=("sinusoidal-small",), seeds=(0,), other_seeds=(0,),
+    finetune=(), finetune_steps=0, finetune_len=0, finetune_seeds=None,
+    notes="the old sinusoidal amplitude (sinusoidal-small, RMS 0.02, tokens unscaled) with article-cpu's recipe "
+          "and evaluation, seed 0 only: compare it with article-cpu's sinusoidal seed 0; about 6 minutes")
 
 
 def preset(name: str, **overrides) -> Spec:

@@ -43,7 +43,7 @@ from .encodings import ENCODINGS, PRIMARY
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
 from .model import GPT, IGNORE, GPTConfig
-from .rope import ROPE_SCALINGS
+from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
 from .train import TrainConfig, autocast, flush_denormals, save_atomic, train
 
 FILLER = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
@@ -113,7 +113,7 @@ class RetrievalSpec:
 
     preset: str = "custom"
     encodings: tuple[str, ...] = PRIMARY
-    strategies: tuple[str, ...] = tuple(ROPE_SCALINGS)
+    strategies: tuple[str, ...] = ARTICLE_STRATEGIES
     seeds: tuple[int, ...] = (0,)
     n_layer: int = 2
     n_head: int = 4

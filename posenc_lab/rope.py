@@ -54,6 +54,10 @@ def wavelengths(freqs: torch.Tensor) -> torch.Tensor:
 RopeScaling = Callable[..., tuple[torch.Tensor, float]]
 #: the RoPE extrapolation strategies by name, each a pure function returning ``(inv_freq, attention_factor)``
 ROPE_SCALINGS: dict[str, RopeScaling] = {}
+#: the strategies the experiments evaluate unless told otherwise: those of the article and of chapter 4
+#: (a strategy registered later, such as ``llama3``, is evaluated where a preset or ``--strategies`` names it,
+#: so that adding one never changes the configuration of a run already made)
+ARTICLE_STRATEGIES = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
 
 
 def _register(name: str):
