@@ -165,6 +165,22 @@ def yarn_ramp(
     raise unknown_name("YaRN ramp", ramp, ("index", "rotations"))
 
 
+def critical_dimension(dim: int, base: float, train_len: int) -> int:
+    """Liu et al. (2023)'s critical dimension ``2 ceil((d/2) log_base(L / 2 pi))`` (at least 0, at most ``d``).
+
+    Pair ``i`` has the wavelength ``2 pi base ** (2 i / d)``; it is at most ``L`` -- the pair turns through
+    a whole period within the training length, so training shows it every angle it will meet -- exactly
+    when ``i <= (d/2) log_base(L / 2 pi)``. The critical dimension counts the coordinates of those pairs;
+    the pairs past it never complete a turn in training, and their angles past ``L`` are new.
+    """
+    check_even("RoPE head dimension", dim)
+    check_positive("train_len", train_len)
+    if not isinstance(base, (int, float)) or not base > 1:
+        raise PosencError(f"the RoPE base must be a number above 1, got {base!r}")
+    pairs = math.ceil(dim / 2 * math.log(train_len / (2 * math.pi)) / math.log(base))
+    return 2 * min(max(pairs, 0), dim // 2)
+
+
 def yarn_pair_making(turns: float, dim: int, base: float, train_len: int) -> float:
     """The fractional pair index ``i`` whose pair makes exactly ``turns`` full turns in ``train_len`` positions:
     solving ``train_len * base ** (-2 i / d) = 2 pi turns`` gives ``i = d ln(L / (2 pi turns)) / (2 ln base)``."""

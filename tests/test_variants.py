@@ -196,3 +196,21 @@ def test_every_curve_has_its_own_colour_and_old_colours_stay():
     tab20 = matplotlib.colormaps["tab20"].colors
     assert plots.color("nope") == tab20[0] and plots.color("fire") == tab20[8]  # as before the variants
     assert plots.color("rope/yarn") == tab20[13] and plots.color("rope/yarn+ft") == tab20[18]
+
+
+@settings(max_examples=200, deadline=None)
+@given(dim=st.sampled_from([16, 32, 64, 128]), base=st.floats(2.0, 1e7), train_len=st.integers(2, 100_000))
+def test_critical_dimension_counts_the_pairs_that_turn_fully_in_training(dim, base, train_len):
+    """Liu et al.'s 2 ceil((d/2) log_b(L/2pi)) against a direct count of the pairs whose wavelength is at most L."""
+    wavelengths = 2 * math.pi / rope.inv_freq(dim, base)
+    exact = (dim / 2) * math.log(train_len / (2 * math.pi)) / math.log(base)
+    if abs(exact - round(exact)) < 1e-9:
+        return  # a wavelength exactly L: the two counts differ by rounding only
+    assert rope.critical_dimension(dim, base, train_len) == 2 * int((wavelengths <= train_len).sum())
+
+
+def test_critical_dimension_of_the_article_cpu_head():
+    """d = 32, L = 512: base 500, 10,000 and 500,000 (the bases of issue 25's study)."""
+    assert [rope.critical_dimension(32, b, 512) for b in (500, 10_000, 500_000)] == [24, 16, 12]
+    with pytest.raises(PosencError, match="above 1"):
+        rope.critical_dimension(32, 1.0, 512)
