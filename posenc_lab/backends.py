@@ -44,7 +44,7 @@ from .errors import PosencError, check_positions, unknown_name
 BACKENDS = ("auto", "reference", "sdpa", "flex")
 #: queries per block of the ``sdpa`` backend's causal attention with a bias
 BLOCK = 512
-#: queries per block of the explicit path that trains a learned bias on the CPU (:func:`_learned_bias_attention`)
+#: queries per block of the explicit softmax through which a learned bias trains on the CPU (each block with the keys it can see)
 GRAD_BLOCK = 128
 #: the largest materialized mask (bytes) that is memoised whole; past it, each block is built when used
 MASK_BUDGET = 2 * 2**30
