@@ -229,16 +229,14 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
         if offset == 0:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
-    if q.device.type == "cpu" and torch.is_grad_enabled() and encoding.needs_grad():
+    if q.device.type == "cpu" and encoding.needs_grad():  # needs_grad: grad mode and a learned parameter
         return _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal)
     whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
     mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
     if nq <= BLOCK and mask is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     outputs = []
-    for start in range(0, nq, BLOCK):
-        stop = min(start + BLOCK, nq)
-        keys = offset + stop if causal else nk  # a causal block never needs the keys after its last query
+    for start, stop, keys in _query_blocks(nq, nk, causal, BLOCK):
         if mask is not None:
             block = mask[:, :, start:stop, :keys]
         else:
@@ -264,23 +262,21 @@ def _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal):
     forward pass (the layers share it; its gradient flows back to the bias's parameters once)."""
     nq, nk = q.shape[-2], k.shape[-2]
     offset = nk - nq
-    starts = range(0, nq, GRAD_BLOCK)
-
-    def blocks():
-        out = []
-        for start in starts:
-            stop = min(start + GRAD_BLOCK, nq)
-            keys = offset + stop if causal else nk
-            out.append(bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
-                                  dtype=q.dtype))
-        return out
-
-    masks = encoding.memo("grad-blocks", (q_pos, k_pos), (causal, q.dtype, GRAD_BLOCK), blocks)
-    outputs = []
-    for start, mask in zip(starts, masks):
-        stop, keys = start + mask.shape[-2], mask.shape[-1]
-        outputs.append(_softmax_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], mask))
+    spans = list(_query_blocks(nq, nk, causal, GRAD_BLOCK))
+    masks = encoding.memo("grad-blocks", (q_pos, k_pos), (causal, q.dtype, GRAD_BLOCK), lambda: [
+        bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start, dtype=q.dtype)
+        for start, stop, keys in spans])
+    outputs = [_softmax_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], mask)
+               for (start, stop, keys), mask in zip(spans, masks)]
     return torch.cat(outputs, dim=2)
+
+
+def _query_blocks(nq: int, nk: int, causal: bool, size: int):
+    """``(start, stop, keys)`` of each block of ``size`` queries: a causal block never needs the keys after
+    its last query (queries are the last ``nq`` of the ``nk`` keys)."""
+    for start in range(0, nq, size):
+        stop = min(start + size, nq)
+        yield start, stop, (nk - nq + stop if causal else nk)
 
 
 def _is_arange(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
