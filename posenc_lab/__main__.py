@@ -135,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     _distributed_options(r)
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
+    from .context import CONTEXT_PRESETS
     from .retrieval import RETRIEVAL_PRESETS
 
     ret = sub.add_parser("retrieval", help="passkey retrieval at 1x to 8x the training length (continues an "
@@ -143,6 +144,9 @@ def parser() -> argparse.ArgumentParser:
                                 "  python -m posenc_lab retrieval --preset retrieval-cpu --encodings rope,alibi --trials 100")
     ret.add_argument("--preset", default="retrieval-cpu", help=f"starting configuration: {', '.join(RETRIEVAL_PRESETS)}")
     ret.add_argument("--out", help="folder for the results (default: runs/<preset>)")
+    ret.add_argument("--task", choices=["content", "digits", "multikey"],
+                     help="content: a lookup by character class; digits: five digits copied in order; multikey: "
+                          "the named key among distractors of the same kind (default: the preset's)")
     ret.add_argument("--encodings", type=lambda s: _names(s, list(ENCODINGS), "encoding"))
     ret.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"))
     ret.add_argument("--seeds", type=_ints)
@@ -159,6 +163,24 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     ret.add_argument("--no-progress", action="store_true")
     _distributed_options(ret)
+
+    ctx = sub.add_parser("context", help="does a trained language model use the context past its training length? "
+                         "(the gain from far context and a Python passkey; continues an interrupted run)",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="examples:\n  python -m posenc_lab context --preset context-cpu --run runs/article-cpu\n"
+                                "  python -m posenc_lab context --preset context-cpu --run article-cpu --seeds 0")
+    ctx.add_argument("--preset", default="context-cpu", help=f"starting configuration: {', '.join(CONTEXT_PRESETS)}")
+    ctx.add_argument("--run", help="the trained models: a run folder (--out of `run`) or a committed run's name")
+    ctx.add_argument("--out", help="folder for the results (default: runs/<preset>)")
+    ctx.add_argument("--encodings", type=lambda s: _names(s, list(ENCODINGS), "encoding"))
+    ctx.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"))
+    ctx.add_argument("--seeds", type=_ints)
+    ctx.add_argument("--lengths", type=_ints, help="evaluation lengths of the gain (bytes)")
+    ctx.add_argument("--reach", type=int, help="keys a query may attend to in the limited evaluation (default: the "
+                                               "training length)")
+    ctx.add_argument("--trials", type=int, help="passkey windows per (length, depth) cell and seed")
+    ctx.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    ctx.add_argument("--no-progress", action="store_true")
 
     rep = sub.add_parser("report", help="tables and figures of a run folder")
     rep.add_argument("folder")
@@ -237,6 +259,12 @@ def _command(args, experiment, report) -> int:
                   f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
                   f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
                   f"per cell. {spec.notes}")
+        from .context import CONTEXT_PRESETS
+
+        for name, spec in CONTEXT_PRESETS.items():
+            print(f"{name} (context) the trained models of {spec.run or '--run'}: gain at "
+                  f"{', '.join(map(str, spec.lengths))}, passkey at {', '.join(f'{m}x' for m in spec.passkey_multiples)}"
+                  f"; seeds {list(spec.seeds)}. {spec.notes}")
         return 0
     if args.command == "retrieval":
         from . import retrieval
@@ -247,6 +275,17 @@ def _command(args, experiment, report) -> int:
         retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
         if distributed.is_main():
             print(retrieval.report(out))
+        return 0
+    if args.command == "context":
+        from . import context
+
+        names = [f.name for f in fields(context.ContextSpec) if f.name not in ("preset", "notes")]
+        spec = context.context_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+        if not spec.run:
+            raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
+        out = args.out or f"runs/{args.preset}"
+        context.run(spec, out, device=args.device, progress=not args.no_progress)
+        print(context.report(out))
         return 0
     if args.command == "report":
         print(_report(args.folder, figures=not args.no_figures))

@@ -22,7 +22,11 @@ every second position, is scored as such by every backend. Backends:
 * ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 
 Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
-of the keys, as with a key/value cache). Non-causal attention is defined for every encoding except
+of the keys, as with a key/value cache). ``reach=W`` restricts every query further to the keys less
+than ``W`` positions away (``i - j < W``; ``|i - j| < W`` when not causal): a sliding-window mask, as
+in Longformer or Mistral, which every backend applies (the ``sdpa`` backend gives each block of
+queries only the keys it can reach). A model trained at length ``L`` and run with ``reach=L`` never
+looks further back than it was trained to: the baseline that using longer context must beat. Non-causal attention is defined for every encoding except
 FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
 """
 
@@ -203,7 +207,14 @@ def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = F
 # --------------------------------------------------------------------------------------------- backends
 
 
-def _reference(q, k, v, encoding, q_pos, k_pos, causal):
+def out_of_reach(q_pos: torch.Tensor, k_pos: torch.Tensor, reach: int, causal: bool) -> torch.Tensor:
+    """``True`` (``n_q x n_k``) where key position ``j`` is ``reach`` or more positions from query position ``i``:
+    ``i - j >= reach`` when causal (keys after the query are :func:`future_mask`'s), ``|i - j| >= reach`` otherwise."""
+    distance = rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j")
+    return distance >= reach if causal else distance.abs() >= reach
+
+
+def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = einsum(q.double(), k.double(), "b h i d, b h j d -> b h i j") * scale
     b = encoding.bias(q_pos, k_pos)
@@ -211,6 +222,8 @@ def _reference(q, k, v, encoding, q_pos, k_pos, causal):
         scores = scores + b.double()
     if causal:
         scores = scores.masked_fill(future_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    if reach is not None:
+        scores = scores.masked_fill(out_of_reach(q_pos, k_pos, reach, causal), float("-inf"))
     weights = scores.softmax(dim=-1)
     return einsum(weights, v.double(), "b h i j, b h j d -> b h i d").to(v.dtype)
 
@@ -220,7 +233,9 @@ def _mask_bytes(encoding, q, k) -> int:
     return heads * q.shape[-2] * k.shape[-2] * q.element_size()
 
 
-def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
+def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
+    if reach is not None:
+        return _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach)
     nq, nk = q.shape[-2], k.shape[-2]
     offset = nk - nq
     if not encoding.has_bias:
@@ -244,6 +259,34 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal):
                                dtype=q.dtype)
         outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
                                                       attn_mask=block))
+    return torch.cat(outputs, dim=2)
+
+
+def _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach):
+    """``sdpa`` with a sliding-window mask: blocks of ``BLOCK`` queries, each with the keys it can reach when the
+    positions are consecutive (``2 BLOCK`` or fewer keys per block at ``reach = BLOCK``, whatever the length),
+    every key otherwise; each block's mask is the bias (if any), the causal ``-inf`` and the window's ``-inf``."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    offset = nk - nq
+    consecutive = _is_range(q_pos) and _is_range(k_pos)
+    shift = int(q_pos[0] - k_pos[0]) if consecutive else 0  # query row r sits at key row r + shift
+    outputs = []
+    for start, stop, keys in _query_blocks(nq, nk, causal, BLOCK):
+        lo, hi = 0, keys
+        if consecutive:
+            lo = min(max(0, shift + start - reach + 1), keys)
+            if not causal:
+                hi = max(lo, min(nk, shift + stop - 1 + reach))
+        qp, kp = q_pos[start:stop], k_pos[lo:hi]
+        if encoding.has_bias:
+            mask = bias_block(encoding, qp, kp, causal=causal, offset=offset + start - lo, dtype=q.dtype)
+        else:
+            mask = q.new_zeros(1, 1, stop - start, hi - lo)
+            if causal:
+                mask = mask.masked_fill(future_mask(stop - start, hi - lo, q.device, offset + start - lo), float("-inf"))
+        mask = mask.masked_fill(out_of_reach(qp, kp, reach, causal), float("-inf"))
+        outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, lo:hi], v[:, :, lo:hi],
+                                                      attn_mask=mask))
     return torch.cat(outputs, dim=2)
 
 
@@ -367,9 +410,28 @@ _flex_options_that_work: dict[str, dict | None] = {}
 _flex_failed: set[str] = set()
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, causal):
+def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach: int):
+    """FlexAttention's block mask of the keys within ``reach`` positions (and not after the query, when causal)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    offset = nk - nq
+
+    def within(b, h, q_idx, kv_idx):
+        distance = q_pos[q_idx] - k_pos[kv_idx]
+        if causal:
+            return (distance < reach) & (q_idx + offset >= kv_idx)
+        return distance.abs() < reach
+
+    return create_block_mask(within, None, None, nq, nk, device=str(q_pos.device))
+
+
+def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
     nq, nk = q.shape[-2], k.shape[-2]
-    block_mask = _causal_block_mask(nq, nk, str(q.device)) if causal else None
+    if reach is not None:
+        block_mask = _reach_block_mask(q_pos, k_pos, causal, reach)
+    else:
+        block_mask = _causal_block_mask(nq, nk, str(q.device)) if causal else None
     mod = score_mod(encoding, q_pos, k_pos)
     fn = _flex_fn(q.device.type)
     key = f"{encoding.name}@{q.device}"
@@ -385,7 +447,7 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal):
     return first_kernel_that_compiles(
         key,
         lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
-        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal),
+        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach),
     )
 
 
@@ -457,6 +519,7 @@ def attention(
     causal: bool = True,
     positions: torch.Tensor | None = None,
     cache: KVCache | None = None,
+    reach: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
@@ -469,9 +532,14 @@ def attention(
     With a :class:`KVCache`, ``q, k, v`` are the *new* tokens (default positions: continuing the
     cache): their keys and values are appended, and the new queries attend to every cached key
     (causally: each to the keys up to its own position), through the same backends.
+
+    ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
+    away (a sliding-window mask; ``None``: every key).
     """
     if backend not in BACKENDS:
         raise unknown_name("attention backend", backend, BACKENDS)
+    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
+        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
     encoding = _NOPE if encoding is None else encoding
     if cache is not None:
         if positions is None:
@@ -493,7 +561,7 @@ def attention(
                               f"batch of {k.shape[0]}: use a new cache (model.new_cache()) for another batch")
         q = encoding.rotate_one(q, positions, "q")
         k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k"), v, positions)
-        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, positions, k_pos, causal)
+        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, positions, k_pos, causal, reach)
     positions = _check_inputs(q, k, v, positions)
     if not causal and not encoding.noncausal:
         hint = " (build it with bidirectional=True)" if encoding.name == "t5" else ""
@@ -503,4 +571,4 @@ def attention(
     if backend == "flex" and not flex_available(q.device):
         raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
     q, k = encoding.rotate(q, k, positions)
-    return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal)
+    return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal, reach)

@@ -15,6 +15,9 @@ same targets, once each:
 
 With a document index per byte (``documents``), the loss is also summed per document, so that the
 spread over documents (a bootstrap in :mod:`report`) can stand beside the spread over seeds.
+``reach=W`` scores the same targets with every layer's attention limited to the last ``W`` keys (a
+sliding-window mask, :func:`backends.attention`); ``per_target=True`` also returns each target's loss,
+so that two evaluations of the same targets can be compared byte by byte (:mod:`context`).
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def evaluate(
     device: torch.device | str = "cpu",
     progress: bool = False,
     desc: str = "eval",
+    reach: int | None = None,
+    per_target: bool = False,
 ) -> dict:
     """Mean loss (nats), perplexity and bits per byte over targets ``context + 1 .. context + tokens`` of ``stream``.
 
@@ -96,6 +101,9 @@ def evaluate(
     score every position (non-overlapping windows; none for sliding ones, which score only their
     last ``stride`` positions), and ``unscored``: targets left out for lack of lead-in (sliding).
     A learned table asked past its end gives ``status="cannot extrapolate"`` instead of raising.
+    ``reach``: attention limited to the last ``reach`` keys in every layer. ``per_target``: the result
+    also holds ``per_target``, the loss of every target ``context + 1 + i`` (float64, ``tokens`` of
+    them; NaN where a target is not scored).
     """
     device = torch.device(device)
     if len(stream) < context + tokens + 1:
@@ -124,7 +132,8 @@ def evaluate(
                                  disable=not progress or not distributed.is_main()):
                 windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
                 with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
-                    losses = model.token_losses(windows[:, :-1], windows[:, 1:]).double().cpu()  # b n
+                    losses = (model.token_losses(windows[:, :-1], windows[:, 1:]) if reach is None else
+                              model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach)).double().cpu()  # b n
                 for w, (row, (start, first)) in enumerate(zip(losses, batch)):
                     per_position = row if first == 0 else None
                     per_doc = None
@@ -132,7 +141,9 @@ def evaluate(
                         owners = documents[start + first + 1 : start + length + 1].long()
                         per_doc = (torch.bincount(owners, weights=row[first:], minlength=n_docs),
                                    torch.bincount(owners, minlength=n_docs))
-                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc)))
+                    targets = row[first:].clone() if per_target else None
+                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc,
+                                                        start + first - context, targets)))
     except PositionOutOfRange as err:
         return _cannot_extrapolate(str(err), t0)
     total, count = 0.0, 0
@@ -140,7 +151,10 @@ def evaluate(
     position_windows = 0
     doc_sum = torch.zeros(n_docs, dtype=torch.float64)
     doc_count = torch.zeros(n_docs, dtype=torch.int64)
-    for summed, n, row, per_doc in distributed.gather_in_order(scored):  # summed in the single-process order
+    each_target = torch.full((tokens,), math.nan, dtype=torch.float64) if per_target else None
+    for summed, n, row, per_doc, offset, targets in distributed.gather_in_order(scored):  # the single-process order
+        if targets is not None:
+            each_target[offset : offset + n] = targets
         total += summed
         count += n
         if row is not None:
@@ -163,4 +177,5 @@ def evaluate(
         "per_position": (position_sum / position_windows).tolist() if position_windows else None,
         "per_document": ({d: [doc_sum[d].item(), int(doc_count[d])] for d in range(n_docs) if doc_count[d]}
                          if documents is not None else None),
+        **({"per_target": each_target} if per_target else {}),
     }

@@ -57,10 +57,10 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x, encoding, positions, cache=None):
+    def forward(self, x, encoding, positions, cache=None, reach=None):
         """``x`` is ``b n d_model``; returns the attention output projected back to ``b n d_model``."""
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
-        y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache)  # b h n d
+        y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache, reach=reach)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 
@@ -73,9 +73,9 @@ class Block(nn.Module):
         hidden = cfg.mlp_ratio * cfg.d_model
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, hidden), nn.GELU(), nn.Linear(hidden, cfg.d_model))
 
-    def forward(self, x, encoding, positions, cache=None):
+    def forward(self, x, encoding, positions, cache=None, reach=None):
         """``x`` is ``b n d_model``; returns the block's output, of the same shape."""
-        x = x + self.attn(self.ln1(x), encoding, positions, cache)
+        x = x + self.attn(self.ln1(x), encoding, positions, cache, reach)
         return x + self.mlp(self.ln2(x))
 
 
@@ -109,11 +109,14 @@ class GPT(nn.Module):
         """The number of parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None, reach: int | None = None) -> torch.Tensor:
         """Token ids ``b n`` -> next-token logits ``b n vocab``.
 
         With ``cache`` (one :class:`KVCache` per layer, from :meth:`new_cache`), ``idx`` are the next
         tokens after those already cached: their positions continue from the cache, and the caches grow.
+        ``reach=W``: every layer attends only to the keys less than ``W`` positions back (a sliding-window
+        mask, :func:`attention`); run at ``W = train_len``, the model never looks further back than it was
+        trained to.
         """
         if idx.dim() != 2:
             raise PosencError(f"token ids must be 2-d (batch, positions), got shape {tuple(idx.shape)}")
@@ -127,7 +130,7 @@ class GPT(nn.Module):
         positions = torch.arange(start, start + idx.shape[1], device=idx.device)
         x = self.encoding.embed(self.tok_emb(idx), positions)
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
-            x = block(x, self.encoding, positions, layer_cache)
+            x = block(x, self.encoding, positions, layer_cache, reach)
         return self.head(self.ln_f(x))
 
     def new_cache(self) -> list[KVCache]:
@@ -227,9 +230,10 @@ class GPT(nn.Module):
 
         return restore
 
-    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``)."""
-        logits = self(idx)
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor, *, reach: int | None = None) -> torch.Tensor:
+        """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``);
+        ``reach``: as in :meth:`forward`."""
+        logits = self(idx) if reach is None else self(idx, reach=reach)
         return F.cross_entropy(rearrange(logits.float(), "b n v -> (b n) v"), rearrange(targets, "b n -> (b n)"),
                                reduction="none", ignore_index=IGNORE).view_as(targets)
 

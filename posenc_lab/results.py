@@ -97,6 +97,26 @@ def model(name: str, encoding: str, *, seed: int = 0, **options):
     """The committed trained model ``encoding`` (seed ``seed``) of run ``name``, in float32 and eval mode.
 
     ``options`` are passed to the encoding (e.g. ``scaling="yarn"`` for RoPE)."""
+    _, _, config = load_config_only(name)
+    node = folder(name) / "models" / f"{encoding}-s{seed}.pt"
+    if not node.is_file():
+        raise PosencError(f"run {name!r} has no committed model for {encoding} seed {seed}")
+    return _build(config, node.read_bytes(), encoding, options)
+
+
+def model_from_run(run_dir: str | Path, encoding: str, *, seed: int = 0, **options):
+    """The trained model ``encoding`` (seed ``seed``) of a run folder (``--out`` of ``python -m posenc_lab run``),
+    in float32 and eval mode; ``options`` as in :func:`model`."""
+    run_dir = Path(run_dir)
+    path = run_dir / "models" / f"{encoding}-s{seed}.pt"
+    if not (run_dir / "config.json").is_file():
+        raise PosencError(f"{run_dir} has no config.json: is it the --out folder of a run?")
+    if not path.is_file():
+        raise PosencError(f"{run_dir} has no trained model for {encoding} seed {seed} ({path} is missing)")
+    return _build(json.loads((run_dir / "config.json").read_text()), path.read_bytes(), encoding, options)
+
+
+def _build(config: dict, weights: bytes, encoding: str, options: dict):
     import io
 
     import torch
@@ -104,15 +124,11 @@ def model(name: str, encoding: str, *, seed: int = 0, **options):
     from .experiment import Spec
     from .model import GPT
 
-    _, _, config = load_config_only(name)
     spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
-    node = folder(name) / "models" / f"{encoding}-s{seed}.pt"
-    if not node.is_file():
-        raise PosencError(f"run {name!r} has no committed model for {encoding} seed {seed}")
     cfg = spec.model_config(_trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
-    state = torch.load(io.BytesIO(node.read_bytes()), map_location="cpu", weights_only=True)
+    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return net.eval()
 

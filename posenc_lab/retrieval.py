@@ -1,6 +1,18 @@
 """Passkey retrieval past the training length: does the model *use* context it was not trained on?
 
-The task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
+Three tasks, each a small model trained on it alone at the training length (``task``):
+
+* ``content`` (the control): a lookup by character class; described next.
+* ``digits``: one shared alphabet. The passkey is five digits planted in a haystack of lowercase
+  letters; the question ``?`` asks for them **in order**. The first digit is found by its class,
+  but the next ones must be copied from the position after the previous one (a digit can repeat in
+  the key), the byte-level form of Mohtashami & Jaggi's (2023) "the pass key is 71432".
+* ``multikey``: several named keys of the same kind (``K=48213;``, names distinct upper-case
+  letters, the asked one at the chosen depth, the others at random places), and the question
+  ``?K=`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
+  must be told from distractors of the same kind, then copied in order.
+
+The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
 encoding can learn it from scratch at the training length on a CPU):
 
 * the haystack is random lowercase letters;
@@ -50,16 +62,79 @@ FILLER = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
 SLOTS = [torch.tensor(list(chars)) for chars in (b"0123456789", b"ABCDEFGHIJ", b"KLMNOPQRST", b"UVWXYZ!#$%")]
 QUESTION = ord("?")
 KEY_LEN = len(SLOTS)
+#: the retrieval tasks (see the module docstring)
+TASKS = ("content", "digits", "multikey")
+DIGITS = torch.tensor(list(b"0123456789"))
+NAMES = torch.tensor(list(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+DIGITS_LEN = 5  # the passkey of the digits and multikey tasks
+MULTIKEYS = 4  # named keys in a multikey window (the asked one and three distractors)
 
 
-def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator):
-    """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the four answer
-    positions), the passkeys ``n x 4`` and the needle's start positions.
+def _place(seq, rows, start, piece):
+    seq[rows, start[:, None] + torch.arange(piece.shape[1])] = piece
 
-    Layout of the ``length + 1`` bytes: haystack (``length - 4`` bytes, passkey inside it), ``?``, the
-    passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
-    it uniformly per window (training).
+
+def _digit_windows(n, length, depth, generator, task):
+    """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer."""
+    if task == "digits":
+        needle_len, ask_len = DIGITS_LEN, 1
+    else:
+        needle_len, ask_len = DIGITS_LEN + 3, 3  # "K=48213;" and "?K="
+    haystack = length + 1 - ask_len - DIGITS_LEN
+    slots = MULTIKEYS if task == "multikey" else 1
+    if haystack < 2 * slots * needle_len:
+        raise PosencError(f"a {task} retrieval window needs more than {2 * slots * needle_len + ask_len + DIGITS_LEN} bytes, "
+                          f"got {length}")
+    if depth is not None and not 0.0 <= depth <= 1.0:
+        raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
+    seq = FILLER[torch.randint(len(FILLER), (n, length + 1), generator=generator)]
+    key = DIGITS[torch.randint(len(DIGITS), (n, DIGITS_LEN), generator=generator)]
+    last = haystack - needle_len
+    start = torch.randint(last + 1, (n,), generator=generator) if depth is None else torch.full((n,), round(depth * last))
+    rows = torch.arange(n)[:, None]
+    if task == "digits":
+        _place(seq, rows, start, key)
+        seq[:, haystack] = QUESTION
+    else:
+        names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:MULTIKEYS]] for _ in range(n)])  # n K
+        eq, semi = torch.full((n, 1), ord("=")), torch.full((n, 1), ord(";"))
+        _place(seq, rows, start, torch.cat([names[:, :1], eq, key, semi], 1))
+        for i in range(n):  # the distractors: other names, other digits, never overlapping a needle
+            taken = [(int(start[i]), int(start[i]) + needle_len)]
+            for k in range(1, MULTIKEYS):
+                while True:
+                    at = int(torch.randint(last + 1, (1,), generator=generator))
+                    if all(at + needle_len <= a or at >= b for a, b in taken):
+                        break
+                taken.append((at, at + needle_len))
+                other = key[i]
+                while torch.equal(other, key[i]):  # a distractor's digits always differ from the asked key's
+                    other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
+                seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], eq[0], other, semi[0]])
+        seq[:, haystack] = QUESTION
+        seq[:, haystack + 1] = names[:, 0]
+        seq[:, haystack + 2] = ord("=")
+    seq[:, length + 1 - DIGITS_LEN :] = key
+    inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
+    targets[:, : length - DIGITS_LEN] = IGNORE
+    return inputs.long(), targets.long(), key.long(), start
+
+
+def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content"):
+    """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the answer
+    positions), the passkeys (``n x 4`` for ``content``, ``n x 5`` digits otherwise) and the (asked)
+    needle's start positions.
+
+    Layout of the ``length + 1`` bytes (``content``): haystack (``length - 4`` bytes, passkey inside it), ``?``,
+    the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
+    it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
+    haystack with four named keys, ``?``, the asked name, ``=``, its five digits; ``depth`` places the
+    asked needle the same way.
     """
+    if task not in TASKS:
+        raise unknown_name("retrieval task", task, TASKS)
+    if task != "content":
+        return _digit_windows(n, length, depth, generator, task)
     haystack = length - KEY_LEN
     if haystack < KEY_LEN:
         raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
@@ -84,16 +159,18 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
 @torch.no_grad()
 def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 32,
                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """Per window, whether the argmax at all four answer positions is the passkey byte (bool ``n``)."""
+    """Per window, whether the argmax at every answer position (the targets that are not ``IGNORE``, the last
+    ones of the window) is the passkey byte (bool ``n``)."""
     device = torch.device(device)
+    answer = int((targets[0] != IGNORE).sum()) if len(targets) else KEY_LEN
     model.eval().to(device)
     out = []
     with flush_denormals():
         for i in range(0, len(inputs), batch_size):
             x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
             with autocast(device):
-                logits = model(x)[:, -KEY_LEN:]  # the last four positions predict the passkey
-            out.append((logits.argmax(-1) == y[:, -KEY_LEN:]).all(-1).cpu())
+                logits = model(x)[:, -answer:]  # the last positions predict the passkey
+            out.append((logits.argmax(-1) == y[:, -answer:]).all(-1).cpu())
     return torch.cat(out)
 
 
@@ -112,6 +189,7 @@ class RetrievalSpec:
     """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec."""
 
     preset: str = "custom"
+    task: str = "content"
     encodings: tuple[str, ...] = PRIMARY
     strategies: tuple[str, ...] = ARTICLE_STRATEGIES
     seeds: tuple[int, ...] = (0,)
@@ -134,6 +212,8 @@ class RetrievalSpec:
     notes: str = ""
 
     def __post_init__(self):
+        if self.task not in TASKS:
+            raise unknown_name("retrieval task", self.task, TASKS)
         for name in ("n_layer", "n_head", "d_model", "train_len", "steps", "batch_size", "lr", "trials",
                      "monitor_every", "monitor_trials", "eval_batch_size", "checkpoint_every"):
             check_positive(name, getattr(self, name))
@@ -156,8 +236,12 @@ class RetrievalSpec:
                          train_len=self.train_len, backend=self.backend)
 
     def to_dict(self) -> dict:
-        """The spec as a plain dict (as stored in ``config.json``)."""
-        return asdict(self)
+        """The spec as a plain dict (as stored in ``config.json``). The task is left out when it is ``content``,
+        the only task before there were three, so that the runs made then keep their configuration."""
+        d = asdict(self)
+        if d["task"] == "content":
+            del d["task"]
+        return d
 
 
 #: the starting configurations of a retrieval run, by name
@@ -168,6 +252,16 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
     "retrieval-cpu": RetrievalSpec(preset="retrieval-cpu", steps=1000, trials=100,
                                    notes="passkey retrieval trained at 128 bytes, judged at 1x to 8x, every encoding, "
                                          "on 2 CPU cores in under an hour"),
+    "retrieval-digits-cpu": RetrievalSpec(preset="retrieval-digits-cpu", task="digits",
+                                          encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), seeds=(0, 1, 2),
+                                          steps=1000, trials=100,
+                                          notes="five digits copied in order (one shared alphabet), trained at 128 "
+                                                "bytes, judged at 1x to 8x, the article's encodings, three seeds"),
+    "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
+                                            encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), seeds=(0, 1, 2),
+                                            steps=1000, trials=100,
+                                            notes="the named key among three distractors of the same kind, trained at "
+                                                  "128 bytes, judged at 1x to 8x, the article's encodings, three seeds"),
 }
 
 
@@ -179,7 +273,7 @@ def retrieval_preset(name: str, **overrides) -> RetrievalSpec:
     return replace(RETRIEVAL_PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
 
 
-COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "status", "trials",
+COLUMNS = ["task", "encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "distance", "status", "trials",
            "correct", "accuracy", "ci_low", "ci_high", "train_accuracy", "train_steps", "train_seconds", "preset",
            "device", "torch", "posenc_lab", "git_commit", "config"]
 
@@ -190,16 +284,19 @@ def _grid(model, spec: RetrievalSpec, seed: int, device, progress: bool, label: 
     for multiple, depth in tqdm(cells, desc=f"retrieval {label}", disable=not progress, leave=False):
         length = multiple * spec.train_len
         g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + 7919 * length + round(1000 * depth))
-        inputs, targets, _, _ = make_windows(spec.trials, length, depth, g)
+        inputs, targets, _, start = make_windows(spec.trials, length, depth, g, spec.task)
+        distance = length - int((targets[0] != IGNORE).sum()) - int(start[0])  # the first answer's query to the needle
         try:
             hits = exact_match(model, inputs, targets, batch_size=max(1, spec.eval_batch_size // multiple), device=device)
         except PositionOutOfRange:
-            rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "status": "cannot extrapolate",
+            rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "distance": distance,
+                         "status": "cannot extrapolate",
                          "trials": 0, "correct": 0, "accuracy": math.nan, "ci_low": math.nan, "ci_high": math.nan})
             continue
         correct = int(hits.sum())
         low, high = wilson(correct, spec.trials)
-        rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "status": "ok", "trials": spec.trials,
+        rows.append({"eval_len": length, "multiple": multiple, "depth": depth, "distance": distance, "status": "ok",
+                     "trials": spec.trials,
                      "correct": correct, "accuracy": correct / spec.trials, "ci_low": low, "ci_high": high})
     return rows
 
@@ -212,12 +309,12 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     cfg = TrainConfig(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=spec.warmup,
                       checkpoint_every=spec.checkpoint_every, seed=seed)
     monitor_g = torch.Generator().manual_seed(4242 + seed)
-    probe = make_windows(spec.monitor_trials, spec.train_len, None, monitor_g)
+    probe = make_windows(spec.monitor_trials, spec.train_len, None, monitor_g, spec.task)
     curve = []
 
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g)
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task)
         return x, y
 
     def monitor(step):
@@ -229,7 +326,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     trained = train(model, None, cfg, batches=batches, on_step=monitor,
                     checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt", device=device, progress=progress,
                     desc=f"train {encoding}/s{seed}", extra_state=curve)
-    base = {"encoding": encoding, "seed": seed, "train_len": spec.train_len,
+    base = {"task": spec.task, "encoding": encoding, "seed": seed, "train_len": spec.train_len,
             "train_accuracy": curve[-1]["accuracy"] if curve else math.nan, "train_steps": trained["train_steps"],
             "train_seconds": round(trained["train_seconds"], 2), **common}
     rows = []
@@ -262,7 +359,7 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
     """Run every unit of ``spec`` not yet finished in ``out``; returns the rows of the whole table."""
     out = Path(out)
     device = resolve_device(device)
-    prepare(out, {"spec": spec.to_dict(), "task": describe_task()})
+    prepare(out, {"spec": spec.to_dict(), "task": describe_task(spec.task)})
     import sys
 
     from . import __version__
@@ -279,11 +376,17 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
     return rows
 
 
-def describe_task() -> dict:
+def describe_task(task: str = "content") -> dict:
     """The task's alphabets, as stored with the results: the filler bytes, the passkey's alphabet per slot, the
-    question byte and the answer's length."""
-    return {"filler": FILLER.tolist(), "slots": [s.tolist() for s in SLOTS], "question": QUESTION,
-            "answer_bytes": KEY_LEN}
+    question byte and the answer's length (and, for the newer tasks, their name, names and key count)."""
+    if task == "content":
+        return {"filler": FILLER.tolist(), "slots": [s.tolist() for s in SLOTS], "question": QUESTION,
+                "answer_bytes": KEY_LEN}
+    described = {"task": task, "filler": FILLER.tolist(), "slots": [DIGITS.tolist()] * DIGITS_LEN,
+                 "question": QUESTION, "answer_bytes": DIGITS_LEN}
+    if task == "multikey":
+        described.update(names=NAMES.tolist(), keys=MULTIKEYS)
+    return described
 
 
 def frame(rows):

@@ -332,3 +332,79 @@ def test_fire_mask_is_the_pairwise_bias_whether_or_not_it_is_distance_only(thres
     q, k, v = qkv(n=64)
     ref = attention(q, k, v, enc, backend="reference")
     torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- a sliding-window mask (reach)
+
+
+@pytest.mark.parametrize("reach", [1, 9, 40, 200])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("pos", sorted(POSITIONS))
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5", "fire"])
+def test_reach_matches_reference_on_every_backend(name, backend, pos, causal, reach):
+    """Keys ``reach`` or more positions away are masked, by positions (the strided ones reach fewer keys)."""
+    if not causal and name == "fire":
+        return
+    enc = encoding_for(name, causal)
+    q, k, v = qkv(n=64)
+    p = POSITIONS[pos](64)
+    with torch.no_grad():
+        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, reach=reach)
+        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal, reach=reach)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_reach_is_the_softmax_over_the_reachable_keys_only():
+    """Independent of the masking code: each query row computed alone over the keys ``i - W < j <= i``."""
+    enc = encoding("alibi")
+    q, k, v = qkv(n=30)
+    reach = 7
+    got = attention(q, k, v, enc, backend="reference", reach=reach)
+    for i in range(30):
+        lo = max(0, i - reach + 1)
+        keys = torch.arange(lo, i + 1)
+        scores = (q[:, :, i : i + 1].double() @ k[:, :, lo : i + 1].double().transpose(-1, -2)) / D**0.5
+        scores = scores + enc.bias(torch.tensor([i]), keys).double()
+        want = scores.softmax(-1) @ v[:, :, lo : i + 1].double()
+        torch.testing.assert_close(got[:, :, i : i + 1].double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["nope", "alibi", "t5"])
+def test_reach_over_many_blocks_matches_reference(name):
+    """Past ``BLOCK`` queries each block takes only the keys it can reach."""
+    from posenc_lab import backends
+
+    enc = encoding(name)
+    q, k, v = qkv(n=backends.BLOCK * 2 + 37)
+    with torch.no_grad():
+        for reach in (100, backends.BLOCK, 3 * backends.BLOCK):
+            ref = attention(q, k, v, enc, backend="reference", reach=reach)
+            torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa", reach=reach), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_reach_past_every_key_changes_nothing():
+    enc = encoding("t5")
+    q, k, v = qkv(n=64)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa", reach=64), attention(q, k, v, enc, backend="sdpa"))
+
+
+def test_reach_with_a_cache_matches_reach_without():
+    enc = encoding("alibi")
+    q, k, v = qkv(n=40)
+    from posenc_lab.backends import KVCache
+
+    cache = KVCache()
+    with torch.no_grad():
+        whole = attention(q, k, v, enc, backend="sdpa", reach=6)
+        steps = [attention(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], enc, cache=cache, reach=6)
+                 for i in range(40)]
+    torch.testing.assert_close(torch.cat(steps, dim=2), whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_bad_reach_is_one_sentence(bad):
+    q, k, v = qkv()
+    with pytest.raises(PosencError, match="reach must be a positive integer"):
+        attention(q, k, v, reach=bad)

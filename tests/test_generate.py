@@ -136,9 +136,9 @@ def test_yarn_model_path_applies_the_factor_once():
 
     original = backends._sdpa
 
-    def spy(q, k, v, encoding, q_pos, k_pos, causal):
+    def spy(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
         seen.append((q.norm() * k.norm()).item())
-        return original(q, k, v, encoding, q_pos, k_pos, causal)
+        return original(q, k, v, encoding, q_pos, k_pos, causal, reach)
 
     backends._BACKEND_FNS["sdpa"] = spy
     try:

@@ -103,3 +103,69 @@ def test_bad_retrieval_specs_name_the_problem():
         retrieval.retrieval_preset("retrieval-ci", depths=(0.5, 2.0))
     with pytest.raises(PosencError, match="valid retrieval presets"):
         retrieval.retrieval_preset("huge")
+
+
+# --------------------------------------------------------------------------------------------- the tasks that need positions
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0, None])
+def test_digits_task_has_one_shared_alphabet_and_asks_for_the_key_in_order(depth):
+    length, n = 96, 16
+    x, y, key, start = retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(3), "digits")
+    digits = retrieval.DIGITS
+    haystack = length - retrieval.DIGITS_LEN
+    for row in range(n):
+        s = int(start[row])
+        assert torch.isin(key[row], digits).all()
+        assert x[row, s : s + 5].tolist() == key[row].tolist()
+        in_haystack = torch.isin(x[row, :haystack], digits)  # the key is the only digits before the question
+        assert in_haystack.sum() == 5 and x[row, :haystack][in_haystack].tolist() == key[row].tolist()
+        assert x[row, haystack] == retrieval.QUESTION
+        assert y[row, -5:].tolist() == key[row].tolist() and (y[row, :-5] == IGNORE).all()
+    if depth is not None:
+        assert (start == round(depth * (haystack - 5))).all()
+    repeats = sum(len(set(k.tolist())) < 5 for k in key)  # keys with a repeated digit need order, not class
+    assert repeats > 0
+
+
+@pytest.mark.parametrize("depth", [0.0, 1.0, None])
+def test_multikey_task_has_distractors_of_the_same_kind_that_differ_from_the_asked_key(depth):
+    length, n = 128, 24
+    x, y, key, start = retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(4), "multikey")
+    for row in range(n):
+        text = bytes(x[row].tolist()) + bytes([int(y[row, -1])])
+        body, asked = text[:-8], text[-8:]
+        assert asked[:1] == b"?" and asked[2:3] == b"=" and asked[3:] == bytes(key[row].tolist())
+        needles = [(m.start(), m.group()) for m in __import__("re").finditer(rb"[A-Z]=[0-9]{5};", body)]
+        assert len(needles) == retrieval.MULTIKEYS
+        names = [b[:1] for _, b in needles]
+        assert len(set(names)) == retrieval.MULTIKEYS and asked[1:2] in names
+        at, needle = next((a, b) for a, b in needles if b[:1] == asked[1:2])
+        assert at == int(start[row]) and needle[2:7] == asked[3:]
+        assert all(b[2:7] != asked[3:] for _, b in needles if b[:1] != asked[1:2])
+        assert (y[row, :-5] == IGNORE).all()
+
+
+def test_exact_match_reads_as_many_answer_bytes_as_the_task_has():
+    class Oracle(torch.nn.Module):
+        def __init__(self, targets, wrong):
+            super().__init__()
+            self.targets, self.wrong = targets, wrong
+
+        def forward(self, x):
+            logits = torch.nn.functional.one_hot(self.targets.clamp(min=0), 256).float()
+            logits[0, -5] = torch.nn.functional.one_hot(torch.tensor(self.wrong), 256).float()  # first digit wrong
+            return logits
+
+    x, y, key, _ = retrieval.make_windows(4, 64, 0.5, torch.Generator().manual_seed(0), "digits")
+    hits = retrieval.exact_match(Oracle(y, wrong=int(key[0, 0] + 1) % 256), x, y)
+    assert hits.tolist() == [False, True, True, True]
+
+
+def test_task_names_and_config_identity():
+    with pytest.raises(PosencError, match="unknown retrieval task"):
+        retrieval.RetrievalSpec(task="needle")
+    assert "task" not in retrieval.RetrievalSpec().to_dict()  # the runs made before the new tasks keep their config
+    assert retrieval.RetrievalSpec(task="digits").to_dict()["task"] == "digits"
+    with pytest.raises(PosencError, match="window needs more than"):
+        retrieval.make_windows(2, 30, 0.0, torch.Generator(), "multikey")

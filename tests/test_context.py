@@ -1,0 +1,198 @@
+"""Does the model use the context past its training length: the gain and the passkey in Python (issue 23)."""
+
+import ast
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc_lab import PosencError
+from posenc_lab import context as cx
+from posenc_lab.model import GPT, GPTConfig
+
+
+def toy(encoding="alibi", n_layer=1, seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(encoding=encoding, n_layer=n_layer, n_head=2, d_model=16, train_len=8)).eval()
+
+
+def stream_with_repeats(n=400, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randint(97, 101, (n,), generator=g)  # 4 letters: many repeated n-grams, near and far
+    return base.to(torch.uint8)
+
+
+def test_far_repeats_against_a_brute_force_search():
+    s = stream_with_repeats(300)
+    for reach, ngram in [(5, 3), (20, 4), (1, 2)]:
+        got = cx.far_repeats(s, 17, 128, reach, ngram)
+        data = s[17 : 17 + 129].tolist()
+        for t in range(1, 129):  # target t of the window
+            occurrences = [u for u in range(ngram - 1, t) if t >= ngram - 1
+                           and data[u - ngram + 1 : u + 1] == data[t - ngram + 1 : t + 1]]
+            want = bool(occurrences) and t - max(occurrences) > reach
+            assert bool(got[t - 1]) == want, (reach, ngram, t)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "nope", "rope"])
+def test_gain_against_a_hand_computation(encoding):
+    """A one-layer model with a relative (shift-invariant) encoding: limiting attention to the last W keys
+    is the same as running it on the last W bytes alone, computed here without the mask."""
+    model, s = toy(encoding), stream_with_repeats(400)
+    length, reach, block = 32, 8, 64
+    blocks = [0, 150]
+    got = cx.gain(model, s, length=length, reach=reach, blocks=blocks, block_tokens=block, threshold=0.05, ngram=3)
+    full, limited = [], []
+    with torch.no_grad():
+        for offset in blocks:
+            for start in range(offset, offset + block, length):
+                w = s[start : start + length + 1].long()
+                full.append(F.cross_entropy(model(w[None, :-1])[0].float(), w[1:], reduction="none").double())
+                row = []
+                for p in range(length):
+                    lo = max(0, p - reach + 1)
+                    logits = model(w[None, lo : p + 1])[0, -1].float()
+                    row.append(F.cross_entropy(logits[None], w[p + 1 : p + 2]).double())
+                limited.append(torch.stack(row))
+    full, limited = torch.cat(full), torch.cat(limited)
+    far = torch.arange(len(full)) % length >= reach
+    torch.testing.assert_close(got["per_target"]["full"], full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["per_target"]["reach"], limited, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got["per_target"]["reach"][~far], got["per_target"]["full"][~far], rtol=1e-5, atol=1e-5)
+    diff = (limited - full)[far]
+    assert got["far_tokens"] == int(far.sum()) == len(blocks) * (block // length) * (length - reach)
+    assert got["gain"] == pytest.approx(float(diff.mean()), abs=1e-6)
+    assert got["share_better"] == pytest.approx(float((diff > 0.05).double().mean()), abs=1e-9)
+    rep = got["per_target"]["repeat"][far]
+    assert got["gain_repeats"] == pytest.approx(float(diff[rep].mean()), abs=1e-6)
+    assert 0 < got["share_repeats"] < 1
+
+
+def test_gain_refuses_a_length_within_reach_and_reports_a_table_that_cannot_extrapolate():
+    model, s = toy("nope"), stream_with_repeats(200)
+    with pytest.raises(PosencError, match="must exceed the reach"):
+        cx.gain(model, s, length=8, reach=8, blocks=[0], block_tokens=64)
+    learned = toy("learned")
+    assert cx.gain(learned, s, length=16, reach=8, blocks=[0], block_tokens=64)["status"] == "cannot extrapolate"
+
+
+PY = b'''import os
+
+
+def f(x):
+    """Doc."""
+    if x:
+        y = 1
+    else:
+        y = 2
+    return y
+
+
+@staticmethod
+def g():
+    return [
+        1,
+        2,
+    ]
+
+
+class C:
+    a = 1
+
+    def m(self):
+        return self.a
+'''
+
+
+def test_statement_lines_are_line_starts_with_their_indentation():
+    lines = cx.statement_lines(PY)
+    assert lines and all(PY[s : s + len(i)] == i and (s == 0 or PY[s - 1 : s] == b"\n") for s, i in lines)
+    texts = {PY[s:].split(b"\n", 1)[0].strip() for s, _ in lines}
+    assert b"@staticmethod" not in texts and b"def g():" not in texts  # a decorated definition is not split
+    assert b"y = 2" in texts and b"return self.a" in texts
+    assert cx.statement_lines(b"def broken(:\n") == []
+
+
+def test_passkey_windows_plant_valid_python_and_ask_for_the_key():
+    text = cx.PasskeyText([PY * 6, b"x = (1,\n 2)\n" * 80, PY * 4])
+    g = torch.Generator().manual_seed(0)
+    for depth in (0.0, 0.5, 1.0):
+        w = cx.passkey_windows(text, 6, 512, depth, g)
+        assert w["inputs"].shape == (6, 512) and w["keys"].shape == (6, cx.PASSKEY_DIGITS)
+        for row, key, dist in zip(w["inputs"], w["keys"], w["distance"]):
+            seq = bytes(row.tolist()) + bytes([int(key[-1])])
+            k = bytes(key.tolist())
+            assert all(48 <= c <= 57 for c in k)  # one shared alphabet: digits
+            assert seq.endswith(b'assert PASSKEY == "' + k)
+            at = seq.index(b'PASSKEY = "' + k + b'"\n')
+            line_start = seq.rfind(b"\n", 0, at) + 1
+            ast.parse(seq[line_start : at + len(b'PASSKEY = "') + cx.PASSKEY_DIGITS + 1].strip())
+            assert int(dist) == len(seq) - cx.PASSKEY_DIGITS - (at + len(b'PASSKEY = "'))
+        assert w["depth"].min() >= 0 and w["depth"].max() <= 1
+    near = cx.passkey_windows(text, 20, 512, 1.0, torch.Generator().manual_seed(1))["distance"].float().mean()
+    far = cx.passkey_windows(text, 20, 512, 0.0, torch.Generator().manual_seed(1))["distance"].float().mean()
+    assert far > 300 > near
+
+
+def test_planted_line_keeps_its_document_parseable():
+    text = cx.PasskeyText([PY])
+    for k, (at, doc, indent) in enumerate(text.candidates):
+        assert text.valid(k)
+        ast.parse(PY[:at] + cx.plant_line(indent, b"12345") + PY[at:])
+
+
+def test_answer_hits_reads_the_last_positions():
+    class Echo(torch.nn.Module):  # predicts the next byte as the current byte + 1
+        def forward(self, x):
+            return F.one_hot((x + 1) % 256, 256).float()
+
+    inputs = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
+    keys = torch.tensor([[8, 9, 10], [4, 9, 6]])
+    hits = cx.answer_hits(Echo(), inputs, keys)
+    assert hits.tolist() == [[True, True, True], [True, False, True]]
+
+
+def test_context_runner_end_to_end_and_resumes(tmp_path):
+    from posenc_lab import experiment
+
+    trained = tmp_path / "trained"
+    experiment.run(experiment.preset("ci", encodings=("rope", "alibi", "learned")), trained, progress=False,
+                   log=lambda *a: None)
+    spec = cx.context_preset("context-ci", run=str(trained))
+    gains, keys = cx.run(spec, tmp_path / "context", progress=False, log=lambda *a: None)
+    labels = {(r["encoding"], r["strategy"]) for r in gains}
+    assert labels == {("rope", "none"), ("rope", "yarn"), ("alibi", "-"), ("learned", "-")}
+    for r in gains:
+        if r["encoding"] == "learned":
+            assert r["status"] == "cannot extrapolate"
+        else:
+            assert r["status"] == "ok" and r["reach"] == 64 and r["far_tokens"] == 2 * 2 * 64
+            assert r["gain"] == pytest.approx(r["far_loss_reach"] - r["far_loss_full"], abs=1e-9)
+    assert len(keys) == len(labels) * 2 * 2
+    for r in keys:
+        assert r["status"] == ("cannot extrapolate" if r["encoding"] == "learned" else "ok")
+        if r["status"] == "ok":
+            assert 0 <= r["accuracy"] <= r["digit_accuracy"] + 1e-12 <= 1 + 1e-12 and r["trials"] == 2
+    header = (tmp_path / "context" / "gain.csv").read_text().splitlines()[0].split(",")
+    assert header == cx.GAIN_COLUMNS
+    text = cx.report(tmp_path / "context")
+    assert "| rope/yarn | 128 |" in text and "| learned | 128 | cannot extrapolate" in text
+    log = []
+    cx.run(spec, tmp_path / "context", progress=False, log=log.append)
+    assert all("done already" in line for line in log)
+    with pytest.raises(PosencError, match="different experiment"):
+        cx.run(cx.context_preset("context-ci", run=str(trained), trials=3), tmp_path / "context", progress=False,
+               log=lambda *a: None)
+    with pytest.raises(PosencError, match="neither a run folder"):
+        cx.run(cx.context_preset("context-ci", run=str(tmp_path / "nothing")), tmp_path / "c2", progress=False)
+
+
+def test_context_command_line_errors_are_one_sentence(capsys):
+    from posenc_lab.__main__ import main
+
+    assert main(["context", "--preset", "context-ci"]) == 2
+    assert "give the trained models with --run" in capsys.readouterr().err
+    assert main(["context", "--preset", "nope", "--run", "article-cpu"]) == 2
+    assert "unknown context preset" in capsys.readouterr().err
+    assert main(["context", "--run", "/no/such/run", "--out", "/tmp/x-context-test"]) == 2
+    assert "neither a run folder" in capsys.readouterr().err
