@@ -509,6 +509,57 @@ class KVCache:
         return self.k, self.v, self.positions
 
 
+class SinkCache:
+    """A rolling key/value cache with attention sinks (Xiao et al. 2024, StreamingLLM): the first ``sinks``
+    tokens stay, and of the rest only the last ``window``; positions are the slots *within the cache*
+    (``0 .. size - 1``), not the tokens' positions in the stream, so a stream of any length never shows
+    the encoding a distance or a position beyond ``sinks + window``.
+
+    Keys are stored *before* rotation and rotated with their slot positions at every step (a slot's
+    position changes as the window rolls); biases are computed on the slots too. ``sinks=0`` is a
+    plain rolling window. Tokens past the capacity must come one at a time (each sees its own
+    window); a stream shorter than the capacity is attended exactly as with :class:`KVCache`.
+    """
+
+    def __init__(self, window: int, sinks: int = 0):
+        for name, value, low in (("window", window, 1), ("sinks", sinks, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PosencError(f"the sink cache's {name} must be an integer >= {low}, got {value!r}")
+        self.window, self.sinks = window, sinks
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.seen = 0  # tokens of the stream so far
+
+    @property
+    def capacity(self) -> int:
+        return self.sinks + self.window
+
+    def __len__(self) -> int:
+        """The slot the next token will take (the cache is trimmed to ``capacity`` after each token)."""
+        held = 0 if self.k is None else self.k.shape[-2]
+        return min(held, self.capacity - 1)
+
+    def next_positions(self, n: int, device) -> torch.Tensor:
+        return torch.arange(len(self), len(self) + n, device=device)
+
+    def append(self, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new (unrotated) keys and values; keep the sinks and the last ``window``; return them."""
+        held = 0 if self.k is None else self.k.shape[-2]
+        n = k.shape[-2]
+        if n > 1 and held + n > self.capacity:
+            raise PosencError(f"a sink cache of {self.capacity} slots holds {held}: past its capacity, feed the "
+                              f"tokens one at a time (got {n})")
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        self.seen += n
+        if self.k.shape[-2] > self.capacity:
+            keep = torch.cat([torch.arange(self.sinks), torch.arange(self.k.shape[-2] - self.window, self.k.shape[-2])])
+            self.k, self.v = self.k[:, :, keep.to(self.k.device)], self.v[:, :, keep.to(self.v.device)]
+        return self.k, self.v
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -518,7 +569,7 @@ def attention(
     backend: str = "auto",
     causal: bool = True,
     positions: torch.Tensor | None = None,
-    cache: KVCache | None = None,
+    cache: KVCache | SinkCache | None = None,
     reach: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
@@ -534,13 +585,25 @@ def attention(
     (causally: each to the keys up to its own position), through the same backends.
 
     ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
-    away (a sliding-window mask; ``None``: every key).
+    away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
+    cache's slots (``positions`` is ignored) and every key is rotated anew at each step.
     """
     if backend not in BACKENDS:
         raise unknown_name("attention backend", backend, BACKENDS)
     if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
         raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
     encoding = _NOPE if encoding is None else encoding
+    if isinstance(cache, SinkCache):
+        _check_inputs(q, k, v, None)
+        if not causal:
+            raise PosencError("a sink cache serves causal attention only")
+        if backend == "auto":
+            backend = "sdpa"
+        k_all, v_all = cache.append(k, v)
+        k_pos = torch.arange(k_all.shape[-2], device=q.device)
+        q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
+        q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
+        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, q_pos, k_pos, causal, reach)
     if cache is not None:
         if positions is None:
             positions = cache.next_positions(q.shape[-2], q.device)

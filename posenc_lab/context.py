@@ -128,6 +128,33 @@ def gain(model, stream: torch.Tensor, *, length: int, reach: int, blocks: list[i
     }
 
 
+# --------------------------------------------------------------------------------------------- attention sinks
+
+
+@torch.no_grad()
+def streaming_losses(model, tokens: torch.Tensor, *, window: int, sinks: int = 0, device="cpu",
+                     progress: bool = False, desc: str = "stream") -> torch.Tensor:
+    """The loss (nats, float64) of every next token of ``tokens`` (``n`` byte ids) read as one stream through a
+    rolling :class:`~posenc_lab.backends.SinkCache` of the first ``sinks`` tokens and the last ``window``
+    (StreamingLLM, Xiao et al. 2024): ``n - 1`` losses. The first ``sinks + window`` tokens go in one
+    forward pass, the rest one at a time. Positions are the cache's slots, so a relative encoding
+    (RoPE, ALiBi, T5, ...) never meets a distance beyond ``sinks + window``; an absolute one keeps the
+    slot each token had when it entered."""
+    device = torch.device(device)
+    model.eval().to(device)
+    tokens = tokens.long().to(device)
+    caches = model.new_cache(window=window, sinks=sinks)
+    first = min(sinks + window, len(tokens) - 1)
+    out = []
+    with flush_denormals(), autocast(device):
+        logits = model(tokens[None, :first], cache=caches)[0].float()
+        out.append(torch.nn.functional.cross_entropy(logits, tokens[1 : first + 1], reduction="none"))
+        for t in tqdm(range(first, len(tokens) - 1), desc=desc, disable=not progress, leave=False):
+            logits = model(tokens[None, t : t + 1], cache=caches)[0].float()
+            out.append(torch.nn.functional.cross_entropy(logits, tokens[t + 1 : t + 2], reduction="none"))
+    return torch.cat(out).double().cpu()
+
+
 # --------------------------------------------------------------------------------------------- a passkey in Python
 
 
@@ -279,10 +306,13 @@ class ContextSpec:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     trials: int = 20  # passkey windows per (length, depth) cell and seed
     eval_batch_size: int = 4
+    sink_encodings: tuple[str, ...] = ("nope", "rope", "alibi")  # streamed through a rolling cache (issue 25)
+    sink_counts: tuple[int, ...] = (0, 4)  # ... without and with attention sinks
+    stream_blocks: int = 2  # ... over the first this many blocks, each one stream of block_tokens + 1 bytes
     notes: str = ""
 
     def __post_init__(self):
-        for name in ("blocks", "block_tokens", "trials", "eval_batch_size", "ngram"):
+        for name in ("blocks", "block_tokens", "trials", "eval_batch_size", "ngram", "stream_blocks"):
             check_positive(name, getattr(self, name))
         if self.reach < 0:
             raise PosencError(f"reach must be >= 0 (0: the training length), got {self.reach}")
@@ -294,6 +324,8 @@ class ContextSpec:
         for length in self.lengths:
             if self.block_tokens % length:
                 raise PosencError(f"block_tokens ({self.block_tokens}) must be a multiple of every length ({length})")
+        if self.stream_blocks > self.blocks or any(k < 0 for k in self.sink_counts):
+            raise PosencError("stream_blocks must be at most blocks, and sink counts >= 0")
 
     def to_dict(self) -> dict:
         """The spec as a plain dict (as stored in ``config.json``)."""
@@ -305,7 +337,8 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
     "context-ci": ContextSpec(preset="context-ci", run="", encodings=("rope", "alibi", "learned"),
                               strategies=("none", "yarn"), seeds=(0,), lengths=(128,), blocks=2, block_tokens=256,
                               passkey_multiples=(2, 4),
-                              depths=(0.0, 1.0), trials=2, notes="end to end in seconds on a toy run; numbers mean nothing"),
+                              depths=(0.0, 1.0), trials=2, sink_encodings=("rope",), sink_counts=(0, 2), stream_blocks=1,
+                              notes="end to end in seconds on a toy run; numbers mean nothing"),
     "context-cpu": ContextSpec(preset="context-cpu",
                                notes="the article-cpu models, no retraining: the gain from context past 512 bytes at "
                                      "1k, 2k and 8k on 8 blocks of 8 KiB of the test text, and a Python passkey at "
@@ -324,6 +357,8 @@ GAIN_COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "reach"
                 "loss_reach", "far_tokens", "far_loss_full", "far_loss_reach", "gain", "share_better", "share_worse",
                 "share_repeats", "gain_repeats", "gain_others", "better_repeats", "threshold", "ngram", "run",
                 "git_commit"]
+STREAM_COLUMNS = ["encoding", "seed", "train_len", "sinks", "window", "tokens", "loss", "loss_full", "first_token_mass",
+                  "run", "git_commit"]
 PASSKEY_COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "status", "trials",
                    "correct", "accuracy", "ci_low", "ci_high", "digit_accuracy", "first_digit_accuracy",
                    "distance_mean", "run", "git_commit"]
@@ -394,14 +429,40 @@ def run_context_unit(spec: ContextSpec, encoding: str, seed: int, load, train_le
                          "accuracy": correct / spec.trials, "ci_low": low, "ci_high": high,
                          "digit_accuracy": float(hits.double().mean()),
                          "first_digit_accuracy": float(hits[:, 0].double().mean())})
-    return {"encoding": encoding, "seed": seed, "rows": gains, "passkey": keys}
+    streams = []
+    if encoding in spec.sink_encodings:
+        from .diagnostics import first_token_mass
+
+        model = load(encoding, seed)
+        starts = blocks_of(text, spec)[: spec.stream_blocks]
+        full = list(_full_losses(model, text.stream, starts, spec, device))
+        sample = torch.stack([text.stream[b : b + train_len] for b in starts]).long()
+        mass = float(first_token_mass(model, sample.to(device)).mean())  # at the training length, every layer and head
+        for sinks in spec.sink_counts:
+            window = train_len - sinks  # the cache spans the training length
+            losses = torch.cat([streaming_losses(model, text.stream[b : b + spec.block_tokens + 1], window=window,
+                                                 sinks=sinks, device=device, progress=progress,
+                                                 desc=f"stream {encoding}/s{seed} sinks {sinks}") for b in starts])
+            streams.append({"encoding": encoding, "seed": seed, "train_len": train_len, "sinks": sinks, "window": window,
+                            "tokens": int(losses.numel()), "loss": float(losses.mean()),
+                            "loss_full": float(torch.cat(full).mean()), "first_token_mass": mass, **common})
+    return {"encoding": encoding, "seed": seed, "rows": gains, "passkey": keys, "stream": streams}
 
 
-def write_tables(out: Path, gains: list[dict], keys: list[dict]) -> None:
-    """``gain.csv``/``gain.json`` and ``passkey.csv``/``passkey.json``, atomically."""
+def _full_losses(model, stream, starts, spec: ContextSpec, device):
+    """Each block's losses with full attention over one window of ``block_tokens`` (the stream's baseline)."""
+    for b in starts:
+        r = evaluate(model, stream, length=spec.block_tokens, tokens=spec.block_tokens, context=b, device=device,
+                     batch_size=1, per_target=True)
+        yield r["per_target"] if r["status"] == "ok" else torch.full((spec.block_tokens,), math.nan, dtype=torch.float64)
+
+
+def write_tables(out: Path, gains: list[dict], keys: list[dict], streams: list[dict] = ()) -> None:
+    """``gain``, ``passkey`` and ``stream`` tables, each as ``.csv`` and ``.json``, atomically."""
     from .experiment import _csv, write_atomic
 
-    for name, rows, columns in (("gain", gains, GAIN_COLUMNS), ("passkey", keys, PASSKEY_COLUMNS)):
+    for name, rows, columns in (("gain", gains, GAIN_COLUMNS), ("passkey", keys, PASSKEY_COLUMNS),
+                                ("stream", list(streams), STREAM_COLUMNS)):
         write_atomic(out / f"{name}.csv", _csv(rows, columns))
         write_atomic(out / f"{name}.json", json.dumps(rows, indent=1))
 
@@ -431,9 +492,9 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     units = [(e, s) for s in spec.seeds for e in spec.encodings if e in run_spec.encodings]
     run_units(out, units, lambda e, s: run_context_unit(spec, e, s, load, run_spec.train_len, text, passkey, device,
                                                           progress, common),
-              after_each=lambda o: write_tables(o, collect(o), collect(o, "passkey")), log=log)
+              after_each=lambda o: write_tables(o, collect(o), collect(o, "passkey"), collect(o, "stream")), log=log)
     gains, keys = collect(out), collect(out, "passkey")
-    write_tables(out, gains, keys)
+    write_tables(out, gains, keys, collect(out, "stream"))
     return gains, keys
 
 
@@ -506,4 +567,14 @@ def report(out: Path | str) -> str:
             continue
         lines.append(f"| {label} | {length} | {r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | "
                      f"{r['digit_accuracy']:.2f} | {r['first_digit_accuracy']:.2f} | {r['distance']:.0f} |")
+    streams = json.loads((out / "stream.json").read_text()) if (out / "stream.json").exists() else []
+    if streams:
+        import pandas as pd
+
+        table = pd.DataFrame(streams).groupby(["encoding", "sinks"])[["loss", "loss_full", "first_token_mass"]].mean()
+        lines += ["", "one stream through a rolling cache of the training length (sinks + window), mean over seeds:", "",
+                  "| encoding | sinks | loss, rolling cache | loss, full attention | weight on token 0 |",
+                  "|---|---|---|---|---|"]
+        for (encoding, sinks), r in table.iterrows():
+            lines.append(f"| {encoding} | {sinks} | {r['loss']:.3f} | {r['loss_full']:.3f} | {r['first_token_mass']:.3f} |")
     return "\n".join(lines)

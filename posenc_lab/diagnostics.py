@@ -34,13 +34,14 @@ def attention_logits(model, idx: torch.Tensor) -> list[torch.Tensor]:
     """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys at ``-inf``."""
     positions = torch.arange(idx.shape[1], device=idx.device)
     out = []
-    for block, x in zip(model.blocks, _layer_inputs(model, idx)):
+    for layer, (block, x) in enumerate(zip(model.blocks, _layer_inputs(model, idx))):
         attn = block.attn
+        encoding = model.encoding.for_layer(layer, len(model.blocks))
         with torch.no_grad():
             q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.n_head)
-            q, k = model.encoding.rotate(q, k, positions)
+            q, k = encoding.rotate(q, k, positions)
             scores = einsum(q.float(), k.float(), "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
-            bias = model.encoding.bias(positions, positions)
+            bias = encoding.bias(positions, positions)
             if bias is not None:
                 scores = scores + bias.float()
             out.append(scores.masked_fill(future_mask(len(positions), len(positions), idx.device), float("-inf")))
@@ -71,3 +72,10 @@ def mean_by_distance(values: torch.Tensor, *, min_query: int = 0) -> torch.Tenso
     counts.index_add_(0, d, torch.ones_like(d, dtype=torch.float64))
     sums.index_add_(1, d, flat[:, keep].double())
     return (sums / counts).reshape(*values.shape[:-2], n)
+
+
+def first_token_mass(model, idx: torch.Tensor, *, min_query: int = 1) -> torch.Tensor:
+    """The attention weight on the first token (key 0), averaged over the batch and the queries at positions
+    ``>= min_query``: one value per layer and head (``n_layer x heads``). StreamingLLM (Xiao et al. 2024)
+    calls a first token that draws much of the weight whatever its content an *attention sink*."""
+    return torch.stack([w[:, :, min_query:, 0].mean(dim=(0, 2)) for w in attention_weights(model, idx)])

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from . import absolute, bias, rope
-from .errors import PosencError, check_even, unknown_name
+from .errors import PosencError, PositionOutOfRange, check_even, unknown_name
 
 
 def position_span(positions: torch.Tensor) -> int:
@@ -151,6 +151,16 @@ class Encoding(nn.Module):
         """Transform queries (``role="q"``) or keys (``role="k"``) alone: a key/value cache rotates each
         key once, when it enters the cache, and each new query at its own position."""
         return x
+
+    def for_layer(self, layer: int, n_layer: int) -> "Encoding":
+        """The encoding layer ``layer`` (of ``n_layer``) attends with: the same one in every layer, except in
+        variants that leave some layers without position (:class:`RoPENoPELayers`)."""
+        return self
+
+    def training_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """The positions a training forward pass gives its tokens: ``positions`` itself, except in the
+        randomized variants (:class:`RandomizedRoPE`, :class:`RandomizedLearned`)."""
+        return positions
 
     @property
     def has_bias(self) -> bool:
@@ -466,6 +476,97 @@ class PRoPE(RoPE):
         self.p = p
 
 
+class RoPEBase500(RoPE):
+    """RoPE with base 500 (Liu et al. 2023; Men et al. 2024): every pair turns faster, so all of them
+    complete a turn within a short training length; the base study's small end."""
+
+    name, variant_of = "rope-b500", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, **options):
+        super().__init__(head_dim, train_len=train_len, base=options.pop("base", 500.0), **options)
+
+
+class RoPEBase500k(RoPE):
+    """RoPE with base 500,000 (Llama 3's base; Xiong et al. 2023 raise it for long context): the slow pairs
+    turn so slowly that they never complete a turn; the base study's large end."""
+
+    name, variant_of = "rope-b500k", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, **options):
+        super().__init__(head_dim, train_len=train_len, base=options.pop("base", 500_000.0), **options)
+
+
+class RoPENoPELayers(RoPE):
+    """RoPE in most layers, no position at all in every ``interval``-th one (SmolLM3's ``no_rope_layer_interval``;
+    Yang et al. 2025, "Rope to Nope and Back Again"): layer ``l`` (from 0) has no position when
+    ``(l + 1) % interval == 0``, so with 4 layers and ``interval = 4`` the last layer is NoPE. The
+    rotation itself is RoPE's, strategies included; :meth:`for_layer` hands the NoPE layers an
+    encoding without hooks."""
+
+    name, variant_of = "rope-nope", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, interval: int = 4, **options):
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise PosencError(f"the NoPE layer interval must be a positive integer, got {interval!r}")
+        super().__init__(head_dim, train_len=train_len, **options)
+        self.interval = interval
+        self.plain = NoPE()
+
+    def for_layer(self, layer: int, n_layer: int) -> Encoding:
+        return self.plain if (layer + 1) % self.interval == 0 else self
+
+    def extra_repr(self):
+        return super().extra_repr() + f", NoPE every {self.interval}th layer"
+
+
+class _Randomized:
+    """Randomized positions (Ruoss et al. 2023): in training, the ``n`` tokens of a window get a sorted random
+    subset of ``0 .. max_position - 1`` instead of ``0 .. n - 1`` (one draw per forward pass, shared by
+    the batch), so that positions up to ``max_position`` are seen in training; at evaluation the
+    positions are the plain ``0 .. n - 1``. The draws come from a generator seeded with the process's
+    initial seed and a counter kept in the state dict, so that a resumed run draws what an
+    uninterrupted one would."""
+
+    def _setup_draws(self, max_position: int, train_len: int):
+        if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < train_len:
+            raise PosencError(f"max_position must be an integer >= the training length {train_len}, got {max_position!r}")
+        self.max_position = max_position
+        self.register_buffer("draws", torch.zeros((), dtype=torch.int64))
+
+    def training_positions(self, positions):
+        n = positions.shape[-1]
+        if n > self.max_position:
+            raise PositionOutOfRange(f"{n} positions cannot be drawn from {self.max_position}")
+        g = torch.Generator().manual_seed((torch.initial_seed() * 1_000_003 + int(self.draws)) % 2**63)
+        self.draws += 1
+        chosen = torch.randperm(self.max_position, generator=g)[:n].sort().values
+        return chosen.to(positions.device)
+
+
+class RandomizedRoPE(_Randomized, RoPE):
+    """RoPE trained with randomized positions (:class:`_Randomized`; ``max_position`` defaults to 16 x the
+    training length)."""
+
+    name, variant_of = "rope-random", "rope"
+
+    def __init__(self, head_dim: int, *, train_len: int, max_position: int | None = None, **options):
+        super().__init__(head_dim, train_len=train_len, **options)
+        self._setup_draws(16 * train_len if max_position is None else max_position, train_len)
+
+
+class RandomizedLearned(_Randomized, Learned):
+    """A learned table trained with randomized positions (:class:`_Randomized`): the table has ``max_position``
+    rows (default 16 x the training length), each trained only when drawn, so evaluation can run up to
+    ``max_position`` positions."""
+
+    name, variant_of = "learned-random", "learned"
+
+    def __init__(self, d_model: int, *, max_len: int, max_position: int | None = None):
+        max_position = 16 * max_len if max_position is None else max_position
+        super().__init__(d_model, max_len=max(max_position, max_len) if isinstance(max_position, int) else max_len)
+        self._setup_draws(max_position, max_len)
+
+
 class XPos(Encoding):
     """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`rope.apply_xpos`.
 
@@ -593,7 +694,8 @@ class Fire(_BiasEncoding):
 #: the one registry of encodings: name -> class (:func:`make_encoding` builds one from the model's shape)
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
-                              Kerple, Fire)
+                              Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
+                              RandomizedLearned)
 }
 
 #: the encodings themselves, without their variants (the default of every experiment)
@@ -608,6 +710,11 @@ _SHAPE_ARGS: dict[str, Callable[[int, int, int, int], dict]] = {
     "rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
     "rope-partial": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
     "p-rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "rope-b500": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "rope-b500k": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "rope-nope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "rope-random": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
+    "learned-random": lambda d, h, hd, L: {"d_model": d, "max_len": L},
     "xpos": lambda d, h, hd, L: {"head_dim": hd},
     "alibi": lambda d, h, hd, L: {"num_heads": h},
     "t5": lambda d, h, hd, L: {"num_heads": h},

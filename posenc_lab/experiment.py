@@ -209,6 +209,17 @@ PRESETS["amplitude-cpu"] = replace(
           "and evaluation, seed 0 only: compare it with article-cpu's sinusoidal seed 0; about 6 minutes")
 
 
+# issue 25: what today's models run, trained with article-cpu's recipe and evaluation (plain RoPE and ALiBi are
+# article-cpu's own units: same batches, same bytes), three seeds each
+PRESETS["variants-cpu"] = replace(
+    PRESETS["article-cpu"], preset="variants-cpu",
+    encodings=("rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope", "rope-random", "learned-random"),
+    seeds=(0, 1, 2), other_seeds=(0, 1, 2), finetune=(), finetune_steps=0, finetune_len=0, finetune_seeds=None,
+    curve_points=0,
+    notes="partial rotary, p-RoPE, bases 500 and 500,000, a NoPE last layer and randomized positions (RoPE and "
+          "learned) with article-cpu's recipe and evaluation, three seeds each; about 2 hours on 2 CPU cores")
+
+
 def preset(name: str, **overrides) -> Spec:
     """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``."""
     if name not in PRESETS:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .backends import KVCache, attention
+from .backends import KVCache, SinkCache, attention
 from .encodings import RoPE, make_encoding
 from .errors import PosencError, check_positive
 
@@ -128,14 +128,20 @@ class GPT(nn.Module):
         start = 0 if not cache else len(cache[0])
         # one tensor for every layer: the encoding's tables are built once per forward
         positions = torch.arange(start, start + idx.shape[1], device=idx.device)
+        if self.training and cache is None:  # randomized positions (a variant's hook; the positions otherwise)
+            positions = self.encoding.training_positions(positions)
         x = self.encoding.embed(self.tok_emb(idx), positions)
-        for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
-            x = block(x, self.encoding, positions, layer_cache, reach)
+        n_layer = len(self.blocks)
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, cache or [None] * n_layer)):
+            x = block(x, self.encoding.for_layer(i, n_layer), positions, layer_cache, reach)
         return self.head(self.ln_f(x))
 
-    def new_cache(self) -> list[KVCache]:
-        """An empty key/value cache, one per layer."""
-        return [KVCache() for _ in self.blocks]
+    def new_cache(self, *, window: int | None = None, sinks: int = 0) -> list[KVCache] | list[SinkCache]:
+        """An empty key/value cache, one per layer; with ``window``, a rolling :class:`SinkCache` that keeps the
+        first ``sinks`` tokens and the last ``window`` (positions within the cache, as StreamingLLM)."""
+        if window is None:
+            return [KVCache() for _ in self.blocks]
+        return [SinkCache(window, sinks) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,

@@ -177,6 +177,11 @@ def test_context_runner_end_to_end_and_resumes(tmp_path):
     assert header == cx.GAIN_COLUMNS
     text = cx.report(tmp_path / "context")
     assert "| rope/yarn | 128 |" in text and "| learned | 128 | cannot extrapolate" in text
+    streams = __import__("json").loads((tmp_path / "context" / "stream.json").read_text())
+    assert [(r["encoding"], r["sinks"], r["window"], r["tokens"]) for r in streams] == [("rope", 0, 64, 256),
+                                                                                         ("rope", 2, 62, 256)]
+    assert all(0 < r["first_token_mass"] < 1 and r["loss"] > 0 for r in streams)
+    assert "| rope | 2 |" in text
     log = []
     cx.run(spec, tmp_path / "context", progress=False, log=log.append)
     assert all("done already" in line for line in log)
@@ -196,3 +201,60 @@ def test_context_command_line_errors_are_one_sentence(capsys):
     assert "unknown context preset" in capsys.readouterr().err
     assert main(["context", "--run", "/no/such/run", "--out", "/tmp/x-context-test"]) == 2
     assert "neither a run folder" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- attention sinks
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "nope"])
+@pytest.mark.parametrize("sinks", [0, 3])
+def test_streaming_with_sinks_against_recomputation(encoding, sinks):
+    """One layer: token t sees the sinks and the last W tokens at slot positions, which is the model run on exactly
+    those tokens (computed here without any cache)."""
+    model, s = toy(encoding), stream_with_repeats(70).long()
+    window = 10
+    got = cx.streaming_losses(model, s, window=window, sinks=sinks)
+    want = []
+    with torch.no_grad():
+        for t in range(len(s) - 1):
+            seen = s[: t + 1] if t + 1 <= sinks + window else torch.cat([s[:sinks], s[t - window + 1 : t + 1]])
+            logits = model(seen[None])[0, -1].float()
+            want.append(F.cross_entropy(logits[None], s[t + 1 : t + 2]).double())
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "learned", "sinusoidal"])
+def test_a_sink_cache_longer_than_the_stream_is_the_plain_cache(encoding):
+    model, s = toy(encoding, n_layer=3), stream_with_repeats(8).long()  # learned: 8 positions
+    got = cx.streaming_losses(model, s, window=50, sinks=4)
+    with torch.no_grad():
+        want = model.token_losses(s[None, :-1], s[None, 1:])[0].double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    prompt = s[None, :3]
+    with torch.no_grad():
+        plain = model.generate(prompt, 4, cache=True)
+        model.new_cache = lambda **kw: type(model).new_cache(model, window=50, sinks=2)  # generate with a sink cache
+        rolled = model.generate(prompt, 4, cache=True)
+    assert torch.equal(plain, rolled)
+
+
+def test_sink_cache_errors_are_one_sentence():
+    from posenc_lab.backends import SinkCache
+
+    with pytest.raises(PosencError, match="window must be an integer >= 1"):
+        SinkCache(0)
+    with pytest.raises(PosencError, match="sinks must be an integer >= 0"):
+        SinkCache(4, -1)
+    model = toy("rope")
+    with pytest.raises(PosencError, match="one at a time"):
+        model(torch.zeros(1, 12, dtype=torch.long), cache=model.new_cache(window=4, sinks=1))
+
+
+def test_first_token_mass_is_the_weight_on_key_zero():
+    from posenc_lab import diagnostics
+
+    model, s = toy("alibi", n_layer=2), stream_with_repeats(30).long()
+    mass = diagnostics.first_token_mass(model, s[None], min_query=5)
+    weights = diagnostics.attention_weights(model, s[None])
+    assert mass.shape == (2, 2)
+    torch.testing.assert_close(mass[1, 0], weights[1][0, 0, 5:, 0].mean())

@@ -214,3 +214,89 @@ def test_critical_dimension_of_the_article_cpu_head():
     assert [rope.critical_dimension(32, b, 512) for b in (500, 10_000, 500_000)] == [24, 16, 12]
     with pytest.raises(PosencError, match="above 1"):
         rope.critical_dimension(32, 1.0, 512)
+
+
+# --------------------------------------------------------------------------------------------- the base, NoPE layers, randomized positions
+
+
+@pytest.mark.parametrize("name,base", [("rope-b500", 500.0), ("rope-b500k", 500_000.0)])
+def test_base_variants_are_rope_with_that_base(name, base):
+    enc = make_encoding(name, d_model=64, num_heads=2, train_len=64)
+    plain = make_encoding("rope", d_model=64, num_heads=2, train_len=64, base=base)
+    pos = torch.arange(100)
+    for a, b in zip(enc.cos_sin(pos, torch.float64), plain.cos_sin(pos, torch.float64)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    theta = torch.tensor([base ** (-2 * i / 32) for i in range(16)], dtype=torch.float64)  # the formula, written out
+    torch.testing.assert_close(enc.cos_sin(pos, torch.float64)[0], torch.cos(pos[:, None].double() * theta))
+
+
+def _gpt(encoding, n_layer=4, **options):
+    from posenc_lab.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(encoding=encoding, n_layer=n_layer, n_head=2, d_model=32, train_len=16,
+                         encoding_options=options)).eval()
+
+
+def test_nope_layers_are_nope_in_every_interval_th_layer_only():
+    """Against a forward pass written out here: RoPE in layers 0-2, no position in layer 3."""
+    from posenc_lab.encodings import NoPE
+
+    model = _gpt("rope-nope")
+    assert [type(model.encoding.for_layer(i, 4)).__name__ for i in range(4)] == ["RoPENoPELayers"] * 3 + ["NoPE"]
+    idx = torch.randint(256, (2, 24), generator=torch.Generator().manual_seed(1))
+    rope_enc = make_encoding("rope", d_model=32, num_heads=2, train_len=16)
+    with torch.no_grad():
+        pos = torch.arange(24)
+        x = model.tok_emb(idx)
+        for i, block in enumerate(model.blocks):
+            x = block(x, NoPE() if i == 3 else rope_enc, pos)
+        want = model.head(model.ln_f(x))
+        torch.testing.assert_close(model(idx), want)
+        every = _gpt("rope-nope", interval=1)  # every layer NoPE: the NoPE model with the same weights
+        nope = _gpt("nope")
+        nope.load_state_dict(every.state_dict())
+        torch.testing.assert_close(every(idx), nope(idx))
+        cached = model.generate(idx[:1, :5], 8, cache=True)
+        torch.testing.assert_close(cached, model.generate(idx[:1, :5], 8, cache=False))
+    with pytest.raises(PosencError, match="interval must be a positive integer"):
+        _gpt("rope-nope", interval=0)
+
+
+@pytest.mark.parametrize("name", ["rope-random", "learned-random"])
+def test_randomized_positions_in_training_only(name):
+    model = _gpt(name, n_layer=2)
+    enc = model.encoding
+    assert enc.max_position == 16 * 16
+    draws = [enc.training_positions(torch.arange(16)) for _ in range(3)]
+    for p in draws:
+        assert p.shape == (16,) and (p.diff() > 0).all() and 0 <= int(p.min()) and int(p.max()) < enc.max_position
+    assert not torch.equal(draws[0], draws[1])
+    state = {k: v.clone() for k, v in enc.state_dict().items()}
+    following = enc.training_positions(torch.arange(16))
+    enc.load_state_dict(state)  # a resumed run draws what the uninterrupted one drew
+    torch.testing.assert_close(enc.training_positions(torch.arange(16)), following)
+    plain = _gpt(name.split("-")[0], n_layer=2) if name == "rope-random" else None
+    idx = torch.randint(256, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        if plain is not None:  # evaluation: the positions 0 .. n-1 of plain RoPE, past the training length too
+            plain.load_state_dict({k: v for k, v in model.state_dict().items() if "draws" not in k})
+            torch.testing.assert_close(model(idx), plain(idx))
+        else:
+            assert model(idx).shape == (2, 40, 256)  # a table of 256 rows serves 40 positions
+    model.train()
+    seen = []
+    original = model.encoding.embed
+    model.encoding.embed = lambda x, positions: seen.append(positions) or original(x, positions)
+    model.loss(idx[:, :16], idx[:, 1:17])
+    assert len(seen) == 1 and not torch.equal(seen[0], torch.arange(16))
+    with pytest.raises(PosencError, match="max_position"):
+        make_encoding(name, d_model=32, num_heads=2, train_len=16, max_position=8)
+
+
+def test_new_variants_are_variants():
+    from posenc_lab.encodings import ENCODINGS, PRIMARY
+
+    for name, parent in [("rope-b500", "rope"), ("rope-b500k", "rope"), ("rope-nope", "rope"),
+                         ("rope-random", "rope"), ("learned-random", "learned")]:
+        assert ENCODINGS[name].variant_of == parent and name not in PRIMARY
