@@ -264,8 +264,8 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
 
 def _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach):
     """``sdpa`` with a sliding-window mask: blocks of ``BLOCK`` queries, each with the keys it can reach when the
-    positions are consecutive (``2 BLOCK`` or fewer keys per block at ``reach = BLOCK``, whatever the length),
-    every key otherwise; each block's mask is the bias (if any), the causal ``-inf`` and the window's ``-inf``."""
+    positions are consecutive (at ``reach = BLOCK``, fewer than ``2 BLOCK`` keys per causal block and
+    ``3 BLOCK`` per non-causal one, whatever the length), every key otherwise; each block's mask is the bias (if any), the causal ``-inf`` and the window's ``-inf``."""
     nq, nk = q.shape[-2], k.shape[-2]
     offset = nk - nq
     consecutive = _is_range(q_pos) and _is_range(k_pos)
@@ -597,8 +597,17 @@ def attention(
         _check_inputs(q, k, v, None)
         if not causal:
             raise PosencError("a sink cache serves causal attention only")
+        if not encoding.cacheable:
+            raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
+                              "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
+                              "positions): a sink cache cannot serve it")
+        if cache.k is not None and cache.k.shape[0] != k.shape[0]:
+            raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
+                              f"batch of {k.shape[0]}: use a new cache for another batch")
         if backend == "auto":
             backend = "sdpa"
+        if backend == "flex" and not flex_available(q.device):
+            raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
         k_all, v_all = cache.append(k, v)
         k_pos = torch.arange(k_all.shape[-2], device=q.device)
         q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
@@ -612,9 +621,9 @@ def attention(
             backend = "sdpa"
         if not encoding.cacheable:
             raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
-                              "NTK in its 'sequence' form, or a PI / NTK / YaRN factor that follows the length), "
-                              "which a key/value cache cannot serve: fix the factor (factor=...), use "
-                              "dynamic='cache', or run without a cache")
+                              "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, or "
+                              "randomized positions), which a key/value cache cannot serve: fix the factor "
+                              "(factor=...), use dynamic='cache', or run without a cache")
         if not causal and not encoding.noncausal:
             raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
         if backend == "flex" and not flex_available(q.device):

@@ -8,7 +8,7 @@ whose perplexity the book reports, without retraining them:
 * **The gain from context beyond the reach** (:func:`gain`). The same targets are scored twice in
   non-overlapping windows of ``L'``: with full causal attention, and with every layer's attention
   limited to the last ``W`` keys (``reach=W``, a sliding-window mask, :func:`backends.attention`).
-  For a target at window position ``p >= W`` the two differ only in what lies more than ``W``
+  For a target at window position ``p >= W`` the two differ only in what lies ``W`` or more
   positions back; ``loss(reach) - loss(full)`` on those *far* targets is the gain: positive, the model
   uses the far context; zero, it ignores it; negative, the far context hurts it. With ``W = L`` the
   limited model is also the baseline every extrapolation strategy must beat: a model that looks no
@@ -409,7 +409,9 @@ def run_context_unit(spec: ContextSpec, encoding: str, seed: int, load, train_le
         for multiple, depth in tqdm(cells, desc=f"passkey {encoding}/{strategy}/s{seed}", disable=not progress,
                                     leave=False):
             length = multiple * train_len
-            g = torch.Generator().manual_seed(7919 * length + round(1000 * depth))  # the same windows for every model
+            # the same windows for every encoding and strategy of a seed, other windows for each seed (so that the
+            # pooled interval counts independent windows)
+            g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + 7919 * length + round(1000 * depth))
             w = passkey_windows(passkey, spec.trials, length, depth, g)
             cell = {**base, "eval_len": length, "multiple": multiple, "depth": depth,
                     "distance_mean": float(w["distance"].double().mean())}
@@ -484,6 +486,11 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     if recorded and corpus.meta.get("sha256") != recorded:
         raise PosencError(f"this machine's {corpus.name!r} corpus differs from the one the run trained and was "
                           "evaluated on (its SHA-256 differs): the gain would be measured on other text")
+    reach = spec.reach or run_spec.train_len
+    if any(length <= reach for length in spec.lengths):
+        raise PosencError(f"every length of the gain must exceed the reach ({reach}); got {spec.lengths}")
+    if spec.sink_encodings and max(spec.sink_counts, default=0) >= run_spec.train_len:
+        raise PosencError(f"the sink counts {spec.sink_counts} must be below the training length {run_spec.train_len}")
     text = evaluation_text(corpus, run_spec.eval_tokens, context=run_spec.eval_context())
     passkey = PasskeyText([body for _, body in corpus.documents["test"]])
     prepare(out, {"spec": spec.to_dict(), "trained": config["spec"], "corpus": corpus.describe(),

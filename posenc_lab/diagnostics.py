@@ -31,8 +31,18 @@ def _layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 def attention_logits(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys at ``-inf``."""
-    positions = torch.arange(idx.shape[1], device=idx.device)
+    """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys at ``-inf``, as the
+    model computes them in evaluation mode (the mode is restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return _attention_logits(model, idx)
+    finally:
+        model.train(was_training)
+
+
+def _attention_logits(model, idx):
+    positions = model.encoding.forward_positions(torch.arange(idx.shape[1], device=idx.device), False)
     out = []
     for layer, (block, x) in enumerate(zip(model.blocks, _layer_inputs(model, idx))):
         attn = block.attn

@@ -157,9 +157,10 @@ class Encoding(nn.Module):
         variants that leave some layers without position (:class:`RoPENoPELayers`)."""
         return self
 
-    def training_positions(self, positions: torch.Tensor) -> torch.Tensor:
-        """The positions a training forward pass gives its tokens: ``positions`` itself, except in the
-        randomized variants (:class:`RandomizedRoPE`, :class:`RandomizedLearned`)."""
+    def forward_positions(self, positions: torch.Tensor, training: bool) -> torch.Tensor:
+        """The positions a forward pass without a cache gives its tokens (``training``: in training mode):
+        ``positions`` itself, except in the randomized variants (:class:`RandomizedRoPE`,
+        :class:`RandomizedLearned`)."""
         return positions
 
     @property
@@ -520,26 +521,37 @@ class RoPENoPELayers(RoPE):
 
 
 class _Randomized:
-    """Randomized positions (Ruoss et al. 2023): in training, the ``n`` tokens of a window get a sorted random
-    subset of ``0 .. max_position - 1`` instead of ``0 .. n - 1`` (one draw per forward pass, shared by
-    the batch), so that positions up to ``max_position`` are seen in training; at evaluation the
-    positions are the plain ``0 .. n - 1``. The draws come from a generator seeded with the process's
-    initial seed and a counter kept in the state dict, so that a resumed run draws what an
-    uninterrupted one would."""
+    """Randomized positions (Ruoss et al. 2023): the ``n`` tokens of a window get a sorted random subset of
+    ``0 .. max_position - 1`` instead of ``0 .. n - 1`` (one draw per forward pass, shared by the batch),
+    so that positions up to ``max_position`` are seen in training -- and, as in the authors' code,
+    at evaluation too: a model that has only ever seen gaps of about ``max_position / L`` between
+    neighbours is not shown the gaps of 1 it never met. Training draws come from a generator seeded
+    with the seed the encoding was built under and a counter, both kept in the state dict (a
+    resumed run draws what an uninterrupted one would); evaluation draws depend on ``n`` alone (the
+    same positions for every window of a length: one fixed sample, reproducible). No key/value
+    cache can serve it: the positions of a whole window are drawn together."""
+
+    cacheable = False
+    EVAL_SEED = 20230526
 
     def _setup_draws(self, max_position: int, train_len: int):
         if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < train_len:
             raise PosencError(f"max_position must be an integer >= the training length {train_len}, got {max_position!r}")
         self.max_position = max_position
         self.register_buffer("draws", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("draw_seed", torch.tensor(torch.initial_seed() % 2**62, dtype=torch.int64))
 
-    def training_positions(self, positions):
+    def forward_positions(self, positions, training):
         n = positions.shape[-1]
         if n > self.max_position:
-            raise PositionOutOfRange(f"{n} positions cannot be drawn from {self.max_position}")
-        g = torch.Generator().manual_seed((torch.initial_seed() * 1_000_003 + int(self.draws)) % 2**63)
-        self.draws += 1
-        chosen = torch.randperm(self.max_position, generator=g)[:n].sort().values
+            raise PositionOutOfRange(f"{n} positions cannot be drawn from the {self.max_position} this encoding "
+                                     "was trained to draw from")
+        if training:
+            seed = (int(self.draw_seed) * 1_000_003 + int(self.draws)) % 2**63
+            self.draws += 1
+        else:
+            seed = self.EVAL_SEED * 1_000_003 + n
+        chosen = torch.randperm(self.max_position, generator=torch.Generator().manual_seed(seed))[:n].sort().values
         return chosen.to(positions.device)
 
 

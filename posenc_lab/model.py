@@ -128,8 +128,8 @@ class GPT(nn.Module):
         start = 0 if not cache else len(cache[0])
         # one tensor for every layer: the encoding's tables are built once per forward
         positions = torch.arange(start, start + idx.shape[1], device=idx.device)
-        if self.training and cache is None:  # randomized positions (a variant's hook; the positions otherwise)
-            positions = self.encoding.training_positions(positions)
+        if cache is None:  # randomized positions (a variant's hook; the positions themselves otherwise)
+            positions = self.encoding.forward_positions(positions, self.training)
         x = self.encoding.embed(self.tok_emb(idx), positions)
         n_layer = len(self.blocks)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, cache or [None] * n_layer)):
@@ -187,8 +187,9 @@ class GPT(nn.Module):
             cache = self.encoding.cacheable
         elif cache and not self.encoding.cacheable:
             restore()
-            raise PosencError("dynamic NTK in its 'sequence' form re-rotates every key at every step, which no "
-                              "key/value cache can serve: generate with cache=False (or leave cache unset)")
+            raise PosencError("this encoding changes the positions or rotation of keys already seen at every step "
+                              "(dynamic NTK in its 'sequence' form, randomized positions), which no key/value cache "
+                              "can serve: generate with cache=False (or leave cache unset)")
         try:
             tokens, chosen = prompt, []
             caches = self.new_cache() if cache else None

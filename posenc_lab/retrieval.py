@@ -83,8 +83,8 @@ def _digit_windows(n, length, depth, generator, task):
     haystack = length + 1 - ask_len - DIGITS_LEN
     slots = MULTIKEYS if task == "multikey" else 1
     if haystack < 2 * slots * needle_len:
-        raise PosencError(f"a {task} retrieval window needs more than {2 * slots * needle_len + ask_len + DIGITS_LEN} bytes, "
-                          f"got {length}")
+        raise PosencError(f"a {task} retrieval window needs at least {2 * slots * needle_len + ask_len + DIGITS_LEN - 1} "
+                          f"bytes, got {length}")
     if depth is not None and not 0.0 <= depth <= 1.0:
         raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
     seq = FILLER[torch.randint(len(FILLER), (n, length + 1), generator=generator)]

@@ -383,6 +383,35 @@ def test_reach_over_many_blocks_matches_reference(name):
             torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa", reach=reach), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("pos", ["arange", "strided"])
+def test_reach_over_many_blocks_any_positions_both_directions(pos, causal):
+    from posenc_lab import backends
+
+    n = backends.BLOCK + 70
+    enc = encoding_for("alibi", causal)
+    q, k, v = qkv(n=n)
+    p = POSITIONS[pos](n)
+    with torch.no_grad():
+        for reach in (33, 300):
+            ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, reach=reach)
+            got = attention(q, k, v, enc, backend="sdpa", positions=p, causal=causal, reach=reach)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_reach_with_a_cache_filled_in_chunks():
+    from posenc_lab.backends import KVCache
+
+    enc = encoding("t5")
+    q, k, v = qkv(n=50)
+    cache = KVCache()
+    with torch.no_grad():
+        whole = attention(q, k, v, enc, backend="sdpa", reach=9)
+        parts = [attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], enc, cache=cache, reach=9)
+                 for a, b in ((0, 21), (21, 34), (34, 50))]
+    torch.testing.assert_close(torch.cat(parts, dim=2), whole, rtol=1e-5, atol=1e-5)
+
+
 def test_reach_past_every_key_changes_nothing():
     enc = encoding("t5")
     q, k, v = qkv(n=64)

@@ -238,6 +238,16 @@ def test_a_sink_cache_longer_than_the_stream_is_the_plain_cache(encoding):
     assert torch.equal(plain, rolled)
 
 
+def test_sink_cache_gives_each_new_token_the_slot_attention_uses():
+    """Past the capacity a new token takes the last slot (sinks + window - 1), in the embedding as in attention."""
+    model, s = toy("learned", n_layer=2), stream_with_repeats(30).long()  # learned: a table of 8 positions
+    seen = []
+    original = model.encoding.embed
+    model.encoding.embed = lambda x, positions: seen.append(positions.tolist()) or original(x, positions)
+    cx.streaming_losses(model, s, window=5, sinks=2)
+    assert seen[0] == list(range(7)) and all(p == [6] for p in seen[1:]) and len(seen) == 1 + (29 - 7)
+
+
 def test_sink_cache_errors_are_one_sentence():
     from posenc_lab.backends import SinkCache
 
@@ -248,6 +258,10 @@ def test_sink_cache_errors_are_one_sentence():
     model = toy("rope")
     with pytest.raises(PosencError, match="one at a time"):
         model(torch.zeros(1, 12, dtype=torch.long), cache=model.new_cache(window=4, sinks=1))
+    yarn = toy("rope")
+    yarn.encoding.set_scaling("yarn")  # a factor that follows the length: the cached keys' rotation would change
+    with pytest.raises(PosencError, match="sink cache cannot serve"):
+        yarn(torch.zeros(1, 3, dtype=torch.long), cache=yarn.new_cache(window=4, sinks=1))
 
 
 def test_first_token_mass_is_the_weight_on_key_zero():

@@ -167,5 +167,5 @@ def test_task_names_and_config_identity():
         retrieval.RetrievalSpec(task="needle")
     assert "task" not in retrieval.RetrievalSpec().to_dict()  # the runs made before the new tasks keep their config
     assert retrieval.RetrievalSpec(task="digits").to_dict()["task"] == "digits"
-    with pytest.raises(PosencError, match="window needs more than"):
+    with pytest.raises(PosencError, match="window needs at least 71 bytes"):
         retrieval.make_windows(2, 30, 0.0, torch.Generator(), "multikey")

@@ -264,34 +264,50 @@ def test_nope_layers_are_nope_in_every_interval_th_layer_only():
 
 
 @pytest.mark.parametrize("name", ["rope-random", "learned-random"])
-def test_randomized_positions_in_training_only(name):
+def test_randomized_positions_in_training_and_in_evaluation(name):
     model = _gpt(name, n_layer=2)
     enc = model.encoding
     assert enc.max_position == 16 * 16
-    draws = [enc.training_positions(torch.arange(16)) for _ in range(3)]
+    draws = [enc.forward_positions(torch.arange(16), True) for _ in range(3)]
     for p in draws:
         assert p.shape == (16,) and (p.diff() > 0).all() and 0 <= int(p.min()) and int(p.max()) < enc.max_position
     assert not torch.equal(draws[0], draws[1])
     state = {k: v.clone() for k, v in enc.state_dict().items()}
-    following = enc.training_positions(torch.arange(16))
+    following = enc.forward_positions(torch.arange(16), True)
+    torch.manual_seed(123)  # the process's seed does not matter: the encoding keeps the one it was built under
     enc.load_state_dict(state)  # a resumed run draws what the uninterrupted one drew
-    torch.testing.assert_close(enc.training_positions(torch.arange(16)), following)
-    plain = _gpt(name.split("-")[0], n_layer=2) if name == "rope-random" else None
+    torch.testing.assert_close(enc.forward_positions(torch.arange(16), True), following)
+    # evaluation: one fixed draw per length, spread over the whole range as in training (not 0 .. n-1)
+    a, b = enc.forward_positions(torch.arange(40), False), enc.forward_positions(torch.arange(40), False)
+    assert torch.equal(a, b) and (a.diff() > 0).all() and int(a[-1]) > 40
+    assert not torch.equal(a[:16], enc.forward_positions(torch.arange(16), False))
     idx = torch.randint(256, (2, 40), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        if plain is not None:  # evaluation: the positions 0 .. n-1 of plain RoPE, past the training length too
-            plain.load_state_dict({k: v for k, v in model.state_dict().items() if "draws" not in k})
-            torch.testing.assert_close(model(idx), plain(idx))
-        else:
-            assert model(idx).shape == (2, 40, 256)  # a table of 256 rows serves 40 positions
-    model.train()
     seen = []
     original = model.encoding.embed
     model.encoding.embed = lambda x, positions: seen.append(positions) or original(x, positions)
+    with torch.no_grad():
+        model(idx)
+    torch.testing.assert_close(seen[-1], a)
+    model.train()
     model.loss(idx[:, :16], idx[:, 1:17])
-    assert len(seen) == 1 and not torch.equal(seen[0], torch.arange(16))
+    assert len(seen) == 2 and not torch.equal(seen[-1], a[:16]) and len(seen[-1]) == 16
     with pytest.raises(PosencError, match="max_position"):
         make_encoding(name, d_model=32, num_heads=2, train_len=16, max_position=8)
+    model.eval()
+    with pytest.raises(PosencError, match="cache"):
+        model.generate(idx[:1, :4], 2, cache=True)
+    assert model.generate(idx[:1, :4], 2).shape == (1, 6)  # recomputed at each step, without a cache
+
+
+def test_randomized_rope_evaluates_at_its_drawn_positions():
+    """Against plain RoPE given the same positions by hand: the variant changes positions, nothing else."""
+    from posenc_lab.backends import attention
+
+    enc = make_encoding("rope-random", d_model=32, num_heads=2, train_len=16)
+    plain = make_encoding("rope", d_model=32, num_heads=2, train_len=16)
+    q, k, v = (torch.randn(1, 2, 30, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    p = enc.forward_positions(torch.arange(30), False)
+    torch.testing.assert_close(attention(q, k, v, enc, positions=p), attention(q, k, v, plain, positions=p))
 
 
 def test_new_variants_are_variants():
