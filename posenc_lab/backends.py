@@ -532,6 +532,7 @@ class SinkCache:
 
     @property
     def capacity(self) -> int:
+        """The most tokens the cache holds: ``sinks + window``."""
         return self.sinks + self.window
 
     def __len__(self) -> int:
@@ -540,6 +541,7 @@ class SinkCache:
         return min(held, self.capacity - 1)
 
     def next_positions(self, n: int, device) -> torch.Tensor:
+        """The slots of ``n`` new tokens (within the capacity)."""
         return torch.arange(len(self), len(self) + n, device=device)
 
     def append(self, k, v) -> tuple[torch.Tensor, torch.Tensor]:

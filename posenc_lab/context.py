@@ -7,7 +7,7 @@ whose perplexity the book reports, without retraining them:
 
 * **The gain from context beyond the reach** (:func:`gain`). The same targets are scored twice in
   non-overlapping windows of ``L'``: with full causal attention, and with every layer's attention
-  limited to the last ``W`` keys (``reach=W``, a sliding-window mask, :func:`backends.attention`).
+  limited to the last ``W`` keys (``reach=W``, a sliding-window mask, :func:`~posenc_lab.backends.attention`).
   For a target at window position ``p >= W`` the two differ only in what lies ``W`` or more
   positions back; ``loss(reach) - loss(full)`` on those *far* targets is the gain: positive, the model
   uses the far context; zero, it ignores it; negative, the far context hurts it. With ``W = L`` the
@@ -20,10 +20,10 @@ whose perplexity the book reports, without retraining them:
   the window lies beyond the reach (so copying it needs the far context).
 * **A passkey inside the language model** (:func:`passkey_windows`, :func:`answer_hits`). The models
   were trained on Python, so the passkey is Python: a line ``PASSKEY = "48213"`` planted at a
-  statement boundary of held-out text (checked with :mod:`ast`: the document with the line planted
+  statement boundary of held-out text (checked with Python's ``ast``: the document with the line planted
   still parses), and at the end of the window ``assert PASSKEY == "`` followed by the five digits,
   which are scored by teacher forcing (the argmax at each digit given the true earlier ones; see
-  :mod:`retrieval` for why this equals greedy decoding's exact match). Every digit comes from the
+  :mod:`posenc_lab.retrieval` for why this equals greedy decoding's exact match). Every digit comes from the
   same alphabet, so the model must copy the digits in order from the right place; chance is 10 %
   per digit and 0.001 % for all five.
 """

@@ -501,7 +501,7 @@ class RoPENoPELayers(RoPE):
     """RoPE in most layers, no position at all in every ``interval``-th one (SmolLM3's ``no_rope_layer_interval``;
     Yang et al. 2025, "Rope to Nope and Back Again"): layer ``l`` (from 0) has no position when
     ``(l + 1) % interval == 0``, so with 4 layers and ``interval = 4`` the last layer is NoPE. The
-    rotation itself is RoPE's, strategies included; :meth:`for_layer` hands the NoPE layers an
+    rotation itself is RoPE's, strategies included; :meth:`Encoding.for_layer` hands the NoPE layers an
     encoding without hooks."""
 
     name, variant_of = "rope-nope", "rope"
@@ -556,7 +556,7 @@ class _Randomized:
 
 
 class RandomizedRoPE(_Randomized, RoPE):
-    """RoPE trained with randomized positions (:class:`_Randomized`; ``max_position`` defaults to 16 x the
+    """RoPE trained with randomized positions (``_Randomized``; ``max_position`` defaults to 16 x the
     training length)."""
 
     name, variant_of = "rope-random", "rope"
@@ -567,7 +567,7 @@ class RandomizedRoPE(_Randomized, RoPE):
 
 
 class RandomizedLearned(_Randomized, Learned):
-    """A learned table trained with randomized positions (:class:`_Randomized`): the table has ``max_position``
+    """A learned table trained with randomized positions (``_Randomized``): the table has ``max_position``
     rows (default 16 x the training length), each trained only when drawn, so evaluation can run up to
     ``max_position`` positions."""
 

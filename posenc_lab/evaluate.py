@@ -16,8 +16,8 @@ same targets, once each:
 With a document index per byte (``documents``), the loss is also summed per document, so that the
 spread over documents (a bootstrap in :mod:`report`) can stand beside the spread over seeds.
 ``reach=W`` scores the same targets with every layer's attention limited to the last ``W`` keys (a
-sliding-window mask, :func:`backends.attention`); ``per_target=True`` also returns each target's loss,
-so that two evaluations of the same targets can be compared byte by byte (:mod:`context`).
+sliding-window mask, :func:`~posenc_lab.backends.attention`); ``per_target=True`` also returns each target's loss,
+so that two evaluations of the same targets can be compared byte by byte (:mod:`posenc_lab.context`).
 """
 
 from __future__ import annotations

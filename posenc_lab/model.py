@@ -137,7 +137,7 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
     def new_cache(self, *, window: int | None = None, sinks: int = 0) -> list[KVCache] | list[SinkCache]:
-        """An empty key/value cache, one per layer; with ``window``, a rolling :class:`SinkCache` that keeps the
+        """An empty key/value cache, one per layer; with ``window``, a rolling :class:`~posenc_lab.backends.SinkCache` that keeps the
         first ``sinks`` tokens and the last ``window`` (positions within the cache, as StreamingLLM)."""
         if window is None:
             return [KVCache() for _ in self.blocks]
