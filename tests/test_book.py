@@ -1,5 +1,7 @@
 """The book: notebooks paired and in sync, the Colab install cell, the built pages in a real browser."""
 
+import html as html_text
+import json
 import os
 import re
 import shutil
@@ -215,6 +217,42 @@ def test_book_pages_in_a_real_browser(built_book):
         assert scan.colab and all(h.endswith(f"notebooks/{stem}.ipynb") for h in scan.colab), f"{stem}: Colab link {scan.colab}"
         if "plt.show()" in source:
             assert figures, f"{stem}: draws figures but none is on the page"
+
+
+# measured in the page after load: every code block, printed output and output table that is wider than its box
+_OVERFLOW_PROBE = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const wide = [...document.querySelectorAll("article pre, article div.cell_output, article table")]
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.tagName + ": " + e.textContent.trim().slice(0, 70));
+  document.body.setAttribute("data-overflow", JSON.stringify(wide));
+}, 500));</script>"""
+
+
+@pytest.mark.slow
+def test_no_sideways_scrolling_at_1300_px(built_book):
+    """Issue 24: opened at 1300 x 1800, no code block, printed output or table of a chapter scrolls sideways."""
+    browser = chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
+        pytest.skip("chromium not installed: apt-get install chromium")
+    wide = {}
+    for stem in CHAPTERS:
+        page = built_book / "notebooks" / f"{stem}.html"
+        probe = page.with_name(f"{stem}-probe.html")  # beside the page, so its relative links still resolve
+        probe.write_text(page.read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
+        dom = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={built_book.parent / ('chrome-wide-' + stem)}", "--window-size=1300,1800",
+             "--virtual-time-budget=15000", "--dump-dom", probe.as_uri()],
+            capture_output=True, text=True, timeout=180).stdout
+        found = re.search(r'data-overflow="([^"]*)"', dom)
+        assert found, f"{stem}: the width probe did not run"
+        items = json.loads(html_text.unescape(found.group(1)))
+        if items:
+            wide[stem] = items
+    assert not wide, f"scrolls sideways at 1300 px: {wide}"
 
 
 REFERENCE_PAGES = sorted((ROOT / "book" / "reference").glob("*.md"))
