@@ -217,6 +217,10 @@ def test_book_pages_in_a_real_browser(built_book):
         assert scan.colab and all(h.endswith(f"notebooks/{stem}.ipynb") for h in scan.colab), f"{stem}: Colab link {scan.colab}"
         if "plt.show()" in source:
             assert figures, f"{stem}: draws figures but none is on the page"
+        explorable = source.count("explore.show(")  # plotly figures, drawn by the book's own plotly.js (offline)
+        if explorable:
+            assert dom.count('class="posenc-explore') == explorable, f"{stem}: an explorable figure is missing"
+            assert dom.count('class="slider-container"') >= explorable, f"{stem}: a slider was not drawn (no Plotly?)"
 
 
 # measured in the page after load: every code block, printed output and output table that is wider than its box

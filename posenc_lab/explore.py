@@ -1,0 +1,143 @@
+"""Figures a reader can explore: a slider instead of a paragraph (plotly).
+
+Each builder returns a ``plotly`` figure whose slider switches between precomputed settings (no
+server, no kernel: it works in a static page). :func:`show` puts one in a notebook: on Colab through
+plotly's own renderer; elsewhere as a ``<div>`` and a script that draws it with the ``Plotly``
+the built book loads from its own files (offline, no CDN), falling back to plotly's CDN only in
+a notebook front end that has no ``Plotly`` yet. The numbers drawn are the package's formulas:
+:func:`rope.scaled_inv_freq`, :func:`bias.alibi_slopes`, :func:`bias.t5_bucket`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import torch
+
+from . import bias, rope
+
+
+def cdn() -> str:
+    """The plotly.js the fallback loads where no ``Plotly`` is on the page (a notebook front end, online): the
+    version the installed ``plotly`` package bundles."""
+    from plotly.offline import get_plotlyjs_version
+
+    return f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+
+
+def _slider(fig, steps: list[str], groups: list[list[int]], prefix: str, active: int = 0):
+    """A slider whose step ``k`` shows the traces ``groups[k]`` and hides the others."""
+    n = len(fig.data)
+    fig.update_layout(sliders=[{
+        "active": active, "currentvalue": {"prefix": prefix}, "pad": {"t": 40},
+        "steps": [{"label": label, "method": "update",
+                   "args": [{"visible": [i in group for i in range(n)]}]} for label, group in zip(steps, groups)],
+    }])
+    for i, trace in enumerate(fig.data):
+        trace.visible = i in groups[active]
+    return fig
+
+
+def rope_wavelengths(*, dim: int = 32, train_len: int = 512, factor: float = 4.0,
+                     bases=(100, 500, 2_000, 10_000, 50_000, 500_000),
+                     strategies=("none", "pi", "ntk", "yarn", "llama3")):
+    """RoPE's wavelength per pair (log scale) for every strategy at ``factor``, with a slider over the base; the
+    training length and ``factor x`` it are drawn as lines (a pair below the first turns fully in training)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    groups = []
+    for base in bases:
+        group = []
+        for strategy in strategies:
+            freqs, _ = rope.scaled_inv_freq(strategy, dim, base=float(base), train_len=train_len,
+                                            factor=None if strategy == "none" else factor)
+            group.append(len(fig.data))
+            fig.add_trace(go.Scatter(x=list(range(dim // 2)), y=rope.wavelengths(freqs).tolist(), mode="lines+markers",
+                                     name=strategy, legendgroup=strategy))
+        groups.append(group)
+    for length, text in ((train_len, "L"), (factor * train_len, f"{factor:g} L")):
+        fig.add_hline(y=length, line_dash="dot", line_color="grey", annotation_text=text)
+    fig.update_layout(title=f"wavelength of each pair, d = {dim}, strategies at s = {factor:g}",
+                      xaxis_title="pair i (fast to slow)", yaxis_title="wavelength (positions)", yaxis_type="log",
+                      height=460, margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    return _slider(fig, [f"{b:,}" for b in bases], groups, "base b = ", active=bases.index(10_000) if 10_000 in bases else 0)
+
+
+def alibi_windows(*, head_counts=(2, 4, 8, 12, 16, 32), train_len: int = 512, share: float = 0.01):
+    """Each ALiBi head's window, the distance where its bias factor falls to ``share`` (``ln(1/share) / mu_h``),
+    on a log scale, with a slider over the number of heads; the training length as a line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    groups = []
+    for heads in head_counts:
+        mu = bias.alibi_slopes(heads)
+        groups.append([len(fig.data)])
+        fig.add_trace(go.Bar(x=list(range(heads)), y=(math.log(1 / share) / mu).tolist(), name=f"H = {heads}",
+                             hovertemplate="head %{x}: %{y:.1f} positions<extra></extra>"))
+    fig.add_hline(y=train_len, line_dash="dot", line_color="grey", annotation_text=f"L = {train_len}")
+    fig.update_layout(title=f"where each head's weight factor falls to {share:.0%}", xaxis_title="head h",
+                      yaxis_title="distance m - n (positions)", yaxis_type="log", showlegend=False, height=440,
+                      margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    return _slider(fig, [str(h) for h in head_counts], groups, "heads H = ",
+                   active=head_counts.index(8) if 8 in head_counts else 0)
+
+
+def t5_buckets(*, bucket_counts=(8, 16, 32, 64), max_distances=(32, 128, 512), longest: int = 2048):
+    """T5's causal bucket of every distance ``0 .. longest`` (log distance axis), one curve per ``max_distance``,
+    with a slider over the number of buckets."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    groups = []
+    distance = torch.arange(longest + 1)
+    for buckets in bucket_counts:
+        group = []
+        for top in max_distances:
+            if top <= buckets // 2:
+                continue
+            group.append(len(fig.data))
+            b = bias.t5_bucket(-distance, bidirectional=False, num_buckets=buckets, max_distance=top)
+            # the step function through the first distance of each bucket (and the last distance)
+            keep = torch.cat([torch.tensor([0]), (b.diff() != 0).nonzero().flatten() + 1, torch.tensor([longest])])
+            fig.add_trace(go.Scatter(x=(distance[keep] + 1).tolist(), y=b[keep].tolist(), mode="lines+markers",
+                                     line_shape="hv", name=f"max_distance {top}", legendgroup=str(top),
+                                     customdata=distance[keep].tolist(),
+                                     hovertemplate="from distance %{customdata}: bucket %{y}<extra></extra>"))
+        groups.append(group)
+    fig.update_layout(title="T5's bucket of each distance (causal)", xaxis_title="distance m - n + 1",
+                      xaxis_type="log", yaxis_title="bucket", height=440, margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    return _slider(fig, [str(b) for b in bucket_counts], groups, "buckets = ",
+                   active=bucket_counts.index(32) if 32 in bucket_counts else 0)
+
+
+def html(fig, name: str) -> str:
+    """The figure as a ``<div id=name>`` and a script that draws it with the page's ``Plotly`` (the built book's own
+    copy), or loads plotly.js from its CDN first where the page has none. Deterministic: the same figure gives
+    the same text (``name`` is the div's id)."""
+    import plotly.io as pio
+
+    spec = json.loads(pio.to_json(fig, validate=True, pretty=False))
+    payload = json.dumps({"data": spec["data"], "layout": spec["layout"]}, sort_keys=True)
+    return (f'<div id="{name}" class="posenc-explore" style="width:100%;min-height:460px"></div>\n'
+            f'<script>(function () {{\n'
+            f'  var spec = {payload};\n'
+            f'  function draw() {{ Plotly.newPlot("{name}", spec.data, spec.layout, {{responsive: true}}); }}\n'
+            f'  if (window.Plotly) {{ draw(); }} else {{\n'
+            f'    var s = document.createElement("script"); s.src = "{cdn()}"; s.onload = draw;\n'
+            f'    document.head.appendChild(s);\n'
+            f'  }}\n'
+            f'}})();</script>')
+
+
+def show(fig, name: str) -> None:
+    """Display ``fig`` in a notebook: plotly's own renderer on Colab, :func:`html` everywhere else."""
+    if "google.colab" in sys.modules:
+        fig.show()
+        return
+    from IPython.display import HTML, display
+
+    display(HTML(html(fig, name)))
