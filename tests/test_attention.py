@@ -399,16 +399,19 @@ def test_reach_over_many_blocks_any_positions_both_directions(pos, causal):
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_reach_with_a_cache_filled_in_chunks():
+@pytest.mark.parametrize("name,n,reach,spans", [
+    ("t5", 50, 9, ((0, 21), (21, 34), (34, 50))),                 # a cache filled in chunks
+    ("alibi", 40, 6, tuple((i, i + 1) for i in range(40))),       # ... and token by token
+], ids=["chunks", "tokens"])
+def test_reach_with_a_cache_matches_reach_without(name, n, reach, spans):
     from posenc_lab.backends import KVCache
 
-    enc = encoding("t5")
-    q, k, v = qkv(n=50)
+    enc = encoding(name)
+    q, k, v = qkv(n=n)
     cache = KVCache()
     with torch.no_grad():
-        whole = attention(q, k, v, enc, backend="sdpa", reach=9)
-        parts = [attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], enc, cache=cache, reach=9)
-                 for a, b in ((0, 21), (21, 34), (34, 50))]
+        whole = attention(q, k, v, enc, backend="sdpa", reach=reach)
+        parts = [attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], enc, cache=cache, reach=reach) for a, b in spans]
     torch.testing.assert_close(torch.cat(parts, dim=2), whole, rtol=1e-5, atol=1e-5)
 
 
@@ -417,19 +420,6 @@ def test_reach_past_every_key_changes_nothing():
     q, k, v = qkv(n=64)
     with torch.no_grad():
         torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa", reach=64), attention(q, k, v, enc, backend="sdpa"))
-
-
-def test_reach_with_a_cache_matches_reach_without():
-    enc = encoding("alibi")
-    q, k, v = qkv(n=40)
-    from posenc_lab.backends import KVCache
-
-    cache = KVCache()
-    with torch.no_grad():
-        whole = attention(q, k, v, enc, backend="sdpa", reach=6)
-        steps = [attention(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], enc, cache=cache, reach=6)
-                 for i in range(40)]
-    torch.testing.assert_close(torch.cat(steps, dim=2), whole, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
