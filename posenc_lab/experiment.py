@@ -177,17 +177,17 @@ PRESETS: dict[str, Spec] = {
     "article-cpu": Spec(preset="article-cpu", encodings=ARTICLE_ENCODINGS, n_layer=4, n_head=4, d_model=128,
                         train_len=512, steps=700, batch_size=8, lr=2e-3, warmup=70, checkpoint_every=100,
                         eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
-                        sliding=((1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2),
+                        sliding=((512, 256), (1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2),
                         other_seeds=(0, 1, 2), finetune=("pi", "ntk", "yarn"), finetune_steps=200, finetune_len=2048,
                         finetune_seeds=(0,), curve_points=8,
                         notes="the article's lengths on 2 CPU cores: trained at 512 for 2.9 M bytes, judged at 2048 "
                               "(4x), evaluated to 8192 on 248 KiB of 34 test files (non-overlapping at 1x, 2x, 4x, "
-                              "16x; sliding at 2x and 4x with stride L'/2, so every scored byte sees at least L'/2 "
-                              "bytes), three seeds of every encoding, 8 checkpoint evaluations; about 3 hours"),
+                              "16x; sliding at 1x, 2x and 4x with stride L'/2, so every scored byte sees at least "
+                              "L'/2 bytes), three seeds of every encoding, 8 checkpoint evaluations; about 3 hours"),
     "article-long": Spec(preset="article-long", encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), n_layer=4,
                          n_head=4, d_model=128, train_len=512, steps=2800, batch_size=8, lr=2e-3, warmup=280,
                          checkpoint_every=100, eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
-                         sliding=((1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2), curve_points=16,
+                         sliding=((512, 256), (1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2), curve_points=16,
                          notes="article-cpu's model and recipe with 4x its training tokens (11.5 M bytes) for the "
                                "article's encodings, three seeds, evaluated as article-cpu, 16 checkpoint "
                                "evaluations; many hours on 2 CPU cores: run it in the background, it resumes"),
