@@ -132,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the training step (default: on CUDA, off on the CPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--extend", action="store_true",
+                   help="add to the finished run in --out the evaluations these options ask for and it lacks "
+                        "(a new length or sliding stride), from its kept final weights, without training")
     _distributed_options(r)
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
@@ -294,7 +297,10 @@ def _command(args, experiment, report) -> int:
                  if f.name not in ("preset", "notes")}
     spec = experiment.preset(args.preset, **overrides)
     out = args.out or f"runs/{args.preset}"
-    experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+    if args.extend:
+        experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+    else:
+        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
     if not args.no_report and distributed.is_main():
         print(_report(out))
     return 0

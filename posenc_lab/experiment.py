@@ -274,15 +274,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, same_as=None) -> tuple[list[dict], dict, list[dict]]:
-    """Every evaluation of ``spec`` on ``text``: result rows, per-position curves, per-document rows.
+def _evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, same_as=None,
+                  evaluations=None) -> tuple[list[dict], dict, list[dict]]:
+    """Every evaluation of ``spec`` (or only ``evaluations``, ``(length, mode, stride)`` triples) on
+    ``text``: result rows, per-position curves, per-document rows.
 
     ``same_as(length)`` may return the rows, curve and document rows already measured for a length
     at which this model is known to compute exactly the same thing (a RoPE strategy at the training
     length); they are reused instead of recomputed.
     """
     rows, per_position, documents = [], {}, []
-    for length, mode, stride in spec.evaluations():
+    for length, mode, stride in (spec.evaluations() if evaluations is None else evaluations):
         reused = same_as(length, mode) if same_as is not None else None
         if reused is not None:
             row, curve, docs = reused
@@ -431,6 +433,117 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
             "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model)}
 
 
+def _evaluation_key(row: dict) -> tuple[int, str, int | None]:
+    stride = row.get("stride")
+    return int(row["eval_len"]), row["eval_mode"], int(stride) if row["eval_mode"] == "sliding" else None
+
+
+def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device: str | None = None,
+           progress: bool = True, log=print) -> list[dict]:
+    """Add to a finished run the evaluations that ``spec`` asks for and its units lack, from the final
+    weights the run kept (``out/models``), without training; returns the rows of the whole table.
+
+    For a length or a sliding stride added to a preset after its run was made. ``spec`` must describe
+    the same experiment apart from its evaluations (model, recipe, seeds, corpus and evaluation text
+    equal: a new sliding window may not need more lead-in than the run's text has), and it may only
+    add evaluations. The new rows carry the training fields of the unit's own rows; each extended unit
+    records what was added, by which commit and in how many seconds (``extended``). Fine-tuned
+    strategies (``+ft``) are not extended: their weights are not kept.
+    """
+    out = Path(out)
+    config_path = out / "config.json"
+    if not config_path.exists():
+        raise PosencError(f"{out} holds no run to extend (no config.json)")
+    previous = json.loads(config_path.read_text())
+    device = resolve_device(device)
+    corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
+    text = evaluation_text(corpus, spec.eval_tokens, context=spec.eval_context())
+    config = json.loads(json.dumps({"spec": spec.to_dict(), "corpus": corpus.describe(),
+                                    "evaluation_text": text.describe()}))
+    free = {"eval_lengths", "sliding", "notes"}
+    differ = sorted(k for k in config["spec"] if k not in free and config["spec"][k] != previous["spec"].get(k))
+    if differ:
+        raise PosencError(f"{out} holds a different experiment ({', '.join(differ)} differ): extending adds "
+                          "evaluations only")
+    for part in ("corpus", "evaluation_text"):
+        if config[part] != previous.get(part):
+            raise PosencError(f"{out} was evaluated on a different {part.replace('_', ' ')} (a new sliding window "
+                              "that needs more lead-in changes the text): re-run the experiment instead")
+    wanted = spec.evaluations()
+    paths = sorted((out / "units").glob("*.json"))
+    missing_models = [p.stem for p in paths if not (out / "models" / f"{p.stem}.pt").exists()]
+    if missing_models:
+        raise PosencError(f"{out} kept no final weights for {', '.join(missing_models)} (models/): cannot extend")
+    common = run_context(spec, corpus, device)
+    skipped_ft = False
+    for path in paths:
+        unit = json.loads(path.read_text())
+        encoding, seed = unit["encoding"], unit["seed"]
+        strategies = list(dict.fromkeys(r["strategy"] for r in unit["rows"]))
+        todo = {}
+        for strategy in strategies:
+            have = {_evaluation_key(r) for r in unit["rows"] if r["strategy"] == strategy}
+            dropped = have - set(wanted)
+            if dropped:
+                raise PosencError(f"{path.stem} {strategy} has evaluations the new spec drops "
+                                  f"({sorted(dropped, key=str)}): extending only adds")
+            if strategy.endswith("+ft"):
+                skipped_ft = skipped_ft or any(e not in have for e in wanted)
+                continue
+            todo[strategy] = [e for e in wanted if e not in have]
+        if not any(todo.values()):
+            continue
+        t0 = time.perf_counter()
+        log(f"extending {path.stem}: {sum(map(len, todo.values()))} evaluations")
+        model = GPT(spec.model_config(encoding))
+        state = torch.load(out / "models" / f"{encoding}-s{seed}.pt", map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+        model.to(device).eval()
+        added: dict = {}  # (length, mode) -> the 'none' strategy's new rows, reused where a strategy is the same rotation
+
+        def same_as(length, mode):
+            if encoding != "rope" or model.encoding.scaling == "none" or (length, mode) not in added:
+                return None
+            return added[(length, mode)] if _same_rotation(model, model.encoding.scaling, length) else None
+
+        for strategy in strategies:
+            if not todo.get(strategy):
+                continue
+            if encoding == "rope":
+                model.encoding.set_scaling(strategy)
+            base = {k: v for k, v in next(r for r in unit["rows"] if r["strategy"] == strategy).items()
+                    if k not in ("eval_len", "eval_mode", "stride", "status", "loss", "perplexity", "bits_per_byte",
+                                 "tokens", "eval_seconds")}
+            evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress,
+                                                          f"{path.stem} {strategy}", same_as=same_as,
+                                                          evaluations=todo[strategy])
+            if strategy == "none":
+                for r in evaluated:
+                    key = (r["eval_len"], r["eval_mode"])
+                    added[key] = (r, per_position.get(str(r["eval_len"])) if r["eval_mode"] == "nonoverlapping" else None,
+                                  [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
+            unit["rows"] += [{**base, **r} for r in evaluated]
+            unit["documents"] = unit.get("documents", []) + [
+                {"encoding": encoding, "seed": seed, "strategy": strategy, **d} for d in docs]
+            unit.setdefault("per_position", {}).setdefault(strategy, {}).update(per_position)
+        if encoding == "rope":
+            model.encoding.set_scaling("none")
+        for r in unit["rows"]:
+            r["config"] = common["config"]  # every row now belongs to the extended spec; `extended` keeps the history
+        order = {e: i for i, e in enumerate(wanted)}
+        unit["rows"].sort(key=lambda r: (strategies.index(r["strategy"]), order[_evaluation_key(r)]))
+        unit["extended"] = unit.get("extended", []) + [{
+            "commit": common["git_commit"], "seconds": round(time.perf_counter() - t0, 1),
+            "evaluations": [list(e) for e in dict.fromkeys(e for v in todo.values() for e in v)]}]
+        write_atomic(path, json.dumps(unit))
+    if skipped_ft:
+        log("fine-tuned strategies (+ft) were not extended: their weights are not kept")
+    write_atomic(config_path, json.dumps(config, indent=1))
+    rows = collect(out)
+    write_table(out, rows)
+    return rows
+
+
 def collect(out: Path, part: str = "rows") -> list[dict]:
     """Every row of every finished unit, in a stable order: the results (``rows``), the per-document
     losses (``documents``) or the checkpoint evaluations (``checkpoints``)."""
@@ -468,7 +581,8 @@ def prepare(out: Path, config: dict) -> None:
     if config_path.exists():
         previous = json.loads(config_path.read_text())
         if json.loads(json.dumps(config)) != {k: previous.get(k) for k in config}:
-            raise PosencError(f"{out} holds a different experiment (its config.json differs): use a new --out, "
+            raise PosencError(f"{out} holds a different experiment (its config.json differs): use a new --out, --extend "
+                              "to add evaluations to a finished run, "
                               "or the same options to continue it")
     distributed.barrier()  # every process has read the old config before the main one rewrites it
     if distributed.is_main():

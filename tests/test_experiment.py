@@ -257,7 +257,58 @@ def test_article_preset_runs_at_toy_size(tmp_path):
     assert units == {(e, s) for e in spec.encodings for s in (0, 1, 2)}
     finetuned = {(r["strategy"], r["seed"]) for r in rows if r["strategy"].endswith("+ft")}
     assert finetuned == {(f"{s}+ft", 0) for s in ("pi", "ntk", "yarn")}
-    assert report.claims_text(rows, "sliding", judged_len=spec.eval_lengths[2]).startswith("decision rule")
+    for mode in ("sliding", "nonoverlapping"):  # every claim has its numbers in both modes
+        text = report.claims_text(rows, mode, judged_len=spec.eval_lengths[2])
+        assert text.startswith("decision rule") and "no data" not in text and "n/a" not in text
+
+
+def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
+    """A length and a sliding stride added after a run: exactly the rows a fresh run of the larger spec makes,
+    from the kept weights, without training; and every way the two specs may not differ is refused."""
+    small = dict(encodings=("rope", "alibi"), strategies=("none", "yarn"), steps=6, eval_lengths=(64, 128),
+                 sliding=((128, 64),), finetune=("pi",), finetune_steps=2, finetune_len=128)
+    before = experiment.preset("ci", **small)
+    after = experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 256), "sliding": ((64, 32), (128, 64))})
+    quiet = dict(progress=False, log=lambda *a: None)
+    old = experiment.run(before, tmp_path / "a", **quiet)
+    extended = experiment.extend(after, tmp_path / "a", **quiet)
+    fresh = experiment.run(after, tmp_path / "b", **quiet)
+    assert len(extended) > len(old)
+    # fine-tuned weights are not kept, so +ft rows keep only the evaluations they had
+    key = lambda r: (r["encoding"], r["strategy"], r["seed"], r["eval_len"], r["eval_mode"])
+    have = {key(r) for r in extended}
+    assert comparable(extended) == comparable([r for r in fresh if key(r) in have])
+    assert {key(r) for r in fresh} - have == {("rope", "pi+ft", 0, 256, "nonoverlapping"),
+                                              ("rope", "pi+ft", 0, 64, "sliding")}
+    unit = json.loads((tmp_path / "a" / "units" / "rope-s0.json").read_text())
+    assert unit["extended"][0]["evaluations"] == [[64, "sliding", 32], [256, "nonoverlapping", None]]
+    assert set(unit["per_position"]["none"]) == {"64", "128", "256"}
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["spec"]["eval_lengths"] == [64, 128, 256]
+    docs = sorted((tmp_path / "a" / "documents.csv").read_text().splitlines())
+    gone = ("rope,pi+ft,0,256,nonoverlapping,", "rope,pi+ft,0,64,sliding,")
+    assert docs == sorted(line for line in (tmp_path / "b" / "documents.csv").read_text().splitlines()
+                          if not line.startswith(gone))
+    assert experiment.extend(after, tmp_path / "a", **quiet) == extended  # nothing left to add
+    for change, message in [(dict(steps=7), "steps differ"),
+                            (dict(eval_lengths=(64, 128, 256), sliding=((256, 64), (128, 64))), "different evaluation text"),
+                            (dict(eval_lengths=(128,)), "drops")]:
+        with pytest.raises(PosencError, match=message):
+            experiment.extend(experiment.preset("ci", **{**small, **change}), tmp_path / "a", **quiet)
+    (tmp_path / "a" / "models" / "alibi-s0.pt").unlink()
+    with pytest.raises(PosencError, match="kept no final weights for alibi-s0"):
+        experiment.extend(after, tmp_path / "a", **quiet)
+    with pytest.raises(PosencError, match="no run to extend"):
+        experiment.extend(after, tmp_path / "none", **quiet)
+
+
+def test_cli_extend(tmp_path):
+    args = ["run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--modes", "nonoverlapping",
+            "--no-report", "--no-progress", "--out", str(tmp_path)]
+    assert main([*args, "--eval-lengths", "64"]) == 0
+    assert main([*args, "--eval-lengths", "64,128", "--extend"]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert [r["eval_len"] for r in rows] == [64, 128] and "train_losses" in json.loads(
+        (tmp_path / "units" / "nope-s0.json").read_text())
 
 
 def test_cli_out_defaults_to_runs_preset(tmp_path):
