@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-article results-retrieval benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-retrieval benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -53,6 +53,13 @@ results-retrieval: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-cpu --out runs/retrieval-cpu
 	rm -rf results/retrieval-cpu && mkdir -p results/retrieval-cpu && \
 	  cp -r runs/retrieval-cpu/config.json runs/retrieval-cpu/results.* runs/retrieval-cpu/units results/retrieval-cpu/
+
+# the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
+results-amplitude: env
+	$(PY) -m posenc_lab run --preset amplitude-cpu --out runs/amplitude-cpu
+	rm -rf results/amplitude-cpu && mkdir -p results/amplitude-cpu && \
+	  cp -r runs/amplitude-cpu/config.json runs/amplitude-cpu/results.* runs/amplitude-cpu/documents.csv \
+	  runs/amplitude-cpu/checkpoints.csv runs/amplitude-cpu/units results/amplitude-cpu/
 
 results-article: env
 	$(PY) -m posenc_lab run --preset article-cpu --out runs/article-cpu

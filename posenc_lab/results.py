@@ -26,6 +26,8 @@ RUNS = {
     "cpu-finetune": "make results-cpu: RoPE fine-tuned briefly at 4x with pi, ntk and yarn",
     "article-cpu": "make results-article: the article's lengths (trained at 512, judged at 2048), three seeds",
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
+    "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
+                     "recipe, seed 0",
 }
 
 
