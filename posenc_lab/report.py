@@ -81,7 +81,8 @@ def _cell(mean: float, std: float, n: int) -> str:
 
 def markdown_table(rows, mode: str, metric: str = "perplexity", *, labels=None, lengths=None) -> str:
     """One Markdown table: a row per encoding (and RoPE strategy), a column per evaluation length,
-    ``mean ± std`` over seeds (the header says how many)."""
+    ``mean ± std`` over seeds (the header says how many; ``a/b`` when rows have different numbers of seeds,
+    e.g. fine-tuned rows of one seed). A cell no row measured reads "not evaluated"."""
     summary = summarize(rows, metric)
     if mode not in summary.index.get_level_values("eval_mode"):
         raise PosencError(f"no rows for evaluation mode {mode!r}")
@@ -100,7 +101,7 @@ def markdown_table(rows, mode: str, metric: str = "perplexity", *, labels=None, 
     lines = [f"| {metric} ({mode}{over}) | " + " | ".join(map(str, cells.columns)) + " |",
              "|---" * (len(cells.columns) + 1) + "|"]
     for name, row in cells.iterrows():
-        lines.append(f"| {name} | " + " | ".join("" if pd.isna(v) else v for v in row) + " |")
+        lines.append(f"| {name} | " + " | ".join("not evaluated" if pd.isna(v) else v for v in row) + " |")
     return "\n".join(lines)
 
 
@@ -445,12 +446,13 @@ def claims(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> 
         "numbers": "; ".join(f"{name}: breaks at {order[name] or 'no length'} (growth "
                              + ", ".join(f"{length}: {_fmt(g(name, length))}" for length in beyond) + ")"
                              for name in names),
-        "verdicts": {
+        "verdicts": {  # an order needs two lengths past the training length ("no data" with one)
             "sinusoidal breaks first": verdict([(breaks("sinusoidal", first), ">")]
                                                + [(cmp(g("sinusoidal", first), g(o, first)), ">")
-                                                  for o in ("rope/none", "t5", "alibi")]),
+                                                  for o in ("rope/none", "t5", "alibi")]) if first < last else "no data",
             "then rotary": verdict([(breaks("rope/none", last), ">"),
-                                    (cmp(g("rope/none", first), g("sinusoidal", first)), "<")]),
+                                    (cmp(g("rope/none", first), g("sinusoidal", first)), "<")])
+                           if first < last else "no data",
             "T5 holds to 2x": verdict([breaks("t5", length) for length in beyond if length <= 2 * train], "<"),
             "ALiBi stays flat": verdict([breaks("alibi", length) for length in beyond], "<"),
         },
@@ -540,7 +542,8 @@ def budget_growth(checkpoints, length: int) -> pd.DataFrame:
 def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float = ALPHA) -> pd.DataFrame:
     """Every claim's verdict at every checkpoint (non-overlapping windows, the curve lengths): a row per
     claim and part, a column per number of training tokens seen (millions). Where does a verdict flip,
-    and does it flip back?"""
+    and does it flip back? Claims that need a length the checkpoints were not evaluated at (e.g. the
+    ALiBi paper's ordering needs two lengths past the training length) are left out."""
     df = budget_frame(checkpoints)
     judged_len = judged_len or int(df["eval_len"].max())
     records = []
@@ -550,7 +553,8 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
                 records.append({"claim": f"{c['id']}: {part}", "tokens (M)": round(tokens / 1e6, 2),
                                 "verdict": "not resolved" if v.startswith("not resolved") else v})
     table = pd.DataFrame(records).pivot(index="claim", columns="tokens (M)", values="verdict")
-    return table.loc[list(dict.fromkeys(r["claim"] for r in records))]
+    table = table.loc[list(dict.fromkeys(r["claim"] for r in records))]
+    return table[~(table == "no data").all(axis=1)]  # claims that need a length the checkpoints were not evaluated at
 
 
 def _power_law(tokens, floor, scale, exponent):

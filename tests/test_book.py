@@ -168,8 +168,24 @@ class PageScan(HTMLParser):
             self.text.append(data)
 
 
-def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+def chromium() -> str:
+    """The headless browser; a failure on CI (where .ci/run installs it), a skip elsewhere."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
+        pytest.skip("chromium not installed: apt-get install chromium")
+    return browser
+
+
+def dump_dom(browser: str, page: Path, profile: Path, *, window: str | None = None) -> str:
+    """The DOM of ``page`` after its scripts ran (MathJax, plotly), from a fresh headless profile."""
+    size = [f"--window-size={window}"] if window else []
+    return subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", *size, "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=180).stdout
 
 
 @pytest.fixture(scope="module")
@@ -186,18 +202,10 @@ def built_book(tmp_path_factory):
 @pytest.mark.slow
 def test_book_pages_in_a_real_browser(built_book):
     browser = chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("chromium not installed: apt-get install chromium")
     for stem in CHAPTERS:
         page = built_book / "notebooks" / f"{stem}.html"
         assert page.exists(), f"{page} was not built"
-        dom = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={built_book.parent / ('chrome-' + stem)}", "--virtual-time-budget=15000",
-             "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
+        dom = dump_dom(browser, page, built_book.parent / f"chrome-{stem}")
         scan = PageScan()
         scan.feed(dom)
         text = " ".join(scan.text)
@@ -236,21 +244,12 @@ _OVERFLOW_PROBE = """<script>window.addEventListener("load", () => setTimeout(()
 def test_no_sideways_scrolling_at_1300_px(built_book):
     """Issue 24: opened at 1300 x 1800, no code block, printed output or table of a chapter scrolls sideways."""
     browser = chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("chromium not installed: apt-get install chromium")
     wide = {}
     for stem in CHAPTERS:
         page = built_book / "notebooks" / f"{stem}.html"
         probe = page.with_name(f"{stem}-probe.html")  # beside the page, so its relative links still resolve
         probe.write_text(page.read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
-        dom = subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={built_book.parent / ('chrome-wide-' + stem)}", "--window-size=1300,1800",
-             "--virtual-time-budget=15000", "--dump-dom", probe.as_uri()],
-            capture_output=True, text=True, timeout=180).stdout
+        dom = dump_dom(browser, probe, built_book.parent / f"chrome-wide-{stem}", window="1300,1800")
         found = re.search(r'data-overflow="([^"]*)"', dom)
         assert found, f"{stem}: the width probe did not run"
         items = json.loads(html_text.unescape(found.group(1)))
@@ -264,11 +263,7 @@ REFERENCE_PAGES = sorted((ROOT / "book" / "reference").glob("*.md"))
 
 def rendered(browser: str, page: Path, profile: Path) -> PageScan:
     """The page's DOM after its scripts ran (MathJax included), scanned."""
-    dom = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=180).stdout
+    dom = dump_dom(browser, page, profile)
     scan = PageScan()
     scan.feed(dom)
     return scan
@@ -282,10 +277,6 @@ def test_reference_pages_in_a_real_browser(built_book):
     import inspect
 
     browser = chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("chromium not installed: apt-get install chromium")
     assert len(REFERENCE_PAGES) > 10
     for md in REFERENCE_PAGES:
         page = built_book / "book" / "reference" / f"{md.stem}.html"
