@@ -550,7 +550,7 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
     for tokens, at_step in df.groupby("tokens_seen", sort=True):
         for c in claims(at_step, "nonoverlapping", judged_len=judged_len, alpha=alpha):
             for part, v in c["verdicts"].items():
-                records.append({"claim": f"{c['id']}: {part}", "tokens (M)": round(tokens / 1e6, 2),
+                records.append({"claim": f"{c['id']}: {part}", "tokens (M)": float(f"{tokens / 1e6:.3g}"),
                                 "verdict": "not resolved" if v.startswith("not resolved") else v})
     table = pd.DataFrame(records).pivot(index="claim", columns="tokens (M)", values="verdict")
     table = table.loc[list(dict.fromkeys(r["claim"] for r in records))]

@@ -262,6 +262,36 @@ def test_article_preset_runs_at_toy_size(tmp_path):
         assert text.startswith("decision rule") and "no data" not in text and "n/a" not in text
 
 
+def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_at_toy_size(tmp_path):
+    """Issue 20: article-long is article-cpu's model, recipe and evaluation with at least 4x its training tokens
+    (the schedule stretched alike), for the article's encodings, three seeds, 16 checkpoint evaluations; end to end
+    at toy size, with numbers behind every claim in both modes and the verdicts along training."""
+    long, short = experiment.PRESETS["article-long"], experiment.PRESETS["article-cpu"]
+    same = ("n_layer", "n_head", "d_model", "train_len", "batch_size", "lr", "eval_lengths", "eval_tokens", "sliding",
+            "curve_tokens", "curve_factors", "seeds", "strategies")
+    assert {k: getattr(long, k) for k in same} == {k: getattr(short, k) for k in same}
+    assert long.steps * long.batch_size >= 4 * short.steps * short.batch_size
+    assert long.warmup / long.steps == short.warmup / short.steps
+    assert {"sinusoidal", "rope", "alibi", "t5"} <= set(long.encodings) and long.curve_points >= 8
+    scale = 8
+    spec = experiment.preset("article-long", n_layer=1, d_model=32, steps=16, batch_size=2, warmup=2,
+                             train_len=long.train_len // scale, eval_lengths=tuple(n // scale for n in long.eval_lengths),
+                             eval_tokens=4096, stride=long.stride // scale,
+                             sliding=tuple((n // scale, s // scale) for n, s in long.sliding),
+                             curve_tokens=2048, checkpoint_every=4)
+    rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)
+    assert {(r["encoding"], r["seed"]) for r in rows} == {(e, s) for e in long.encodings for s in (0, 1, 2)}
+    checkpoints = experiment.collect(tmp_path, "checkpoints")
+    assert sorted({c["step"] for c in checkpoints}) == spec.curve_steps() and len(spec.curve_steps()) == 16
+    assert (tmp_path / "checkpoints.csv").read_text().count("\n") == len(checkpoints) + 1
+    for mode in ("sliding", "nonoverlapping"):
+        text = report.claims_text(rows, mode, judged_len=spec.eval_lengths[2])
+        assert "no data" not in text and "n/a" not in text
+    table = report.budget_verdicts(checkpoints)
+    assert len(table.columns) == 16 and list(table.columns) == sorted(table.columns)
+    assert "1: a (worse at training length)" in table.index
+
+
 def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     """A length and a sliding stride added after a run: exactly the rows a fresh run of the larger spec makes,
     from the kept weights, without training; and every way the two specs may not differ is refused."""
