@@ -327,6 +327,11 @@ def test_references_page_lists_every_cited_paper(built_book):
     html = (built_book / "book" / "references.html").read_text()
     assert html.count('<div class="citation"') == len(keys), "every entry of references.bib is rendered"
     assert "Press" in html and "rotary position embedding" in html.lower()
+    # the entries are labelled by author and year, as the chapters cite them, not "PSL22"
+    labels = re.findall(r'<span class="label"><span class="fn-bracket">\[</span>(.*?)<span', html)
+    assert len(labels) == len(keys), labels[:5]
+    assert "Press et al. 2022" in labels and "Kingma and Ba 2015" in labels and "Source article n.d." in labels
+    assert not [label for label in labels if re.fullmatch(r"[A-Za-z+]+\d\d", label)], labels
 
 
 def test_every_bibliography_entry_is_cited():
