@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-retrieval benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -68,6 +68,16 @@ results-article: env
 	  runs/article-cpu/checkpoints.csv runs/article-cpu/units runs/article-cpu/figures results/article-cpu/
 	# float16 weights of seed 0 for chapter 9's diagnostics and chapter 4's generation
 	$(PY) -c "from posenc_lab import results; results.export_models('runs/article-cpu', 'article-cpu', \
+	  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
+
+# article-long (issue 20): article-cpu's recipe with 4x the tokens for the article's encodings, three seeds; many
+# hours on two cores (it resumes where it stopped; pending/README.md says how to keep its finished units safe)
+results-long: env
+	$(PY) -m posenc_lab run --preset article-long --out runs/article-long
+	rm -rf results/article-long && mkdir -p results/article-long && \
+	  cp -r runs/article-long/config.json runs/article-long/results.* runs/article-long/documents.csv \
+	  runs/article-long/checkpoints.csv runs/article-long/units runs/article-long/figures results/article-long/
+	$(PY) -c "from posenc_lab import results; results.export_models('runs/article-long', 'article-long', \
 	  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
 
 # the committed CPU benchmarks (about 15 minutes on two cores, nothing else running); the peer
