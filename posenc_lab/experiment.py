@@ -438,6 +438,10 @@ def _evaluation_key(row: dict) -> tuple[int, str, int | None]:
     return int(row["eval_len"]), row["eval_mode"], int(stride) if row["eval_mode"] == "sliding" else None
 
 
+def _device_kind(device: str) -> str:
+    return device.split(" ")[0].split(":")[0]  # "cpu (x86_64, 2 threads)" -> cpu; "cuda:0 (H200)" -> cuda
+
+
 def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device: str | None = None,
            progress: bool = True, log=print) -> list[dict]:
     """Add to a finished run the evaluations that ``spec`` asks for and its units lack, from the final
@@ -445,11 +449,20 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
 
     For a length or a sliding stride added to a preset after its run was made. ``spec`` must describe
     the same experiment apart from its evaluations (model, recipe, seeds, corpus and evaluation text
-    equal: a new sliding window may not need more lead-in than the run's text has), and it may only
-    add evaluations. The new rows carry the training fields of the unit's own rows; each extended unit
-    records what was added, by which commit and in how many seconds (``extended``). Fine-tuned
-    strategies (``+ft``) are not extended: their weights are not kept.
+    equal: a new sliding window may not need more lead-in than the run's text has), it may only add
+    evaluations, and it must run on the kind of device the run was evaluated on (a CUDA device
+    evaluates in bfloat16, a CPU in float32: the rows of one table must not mix them). The new rows
+    carry the unit's training fields and the extension's own machine and commit; each extended unit
+    records what was added, by which commit, in how many seconds, and what was not (``extended``).
+    Fine-tuned strategies (``+ft``) are not extended: their weights are not kept.
+
+    Every unit is checked before any is written. While an extension is in progress ``config.json``
+    names the spec it is extending to (``extending``): ``run`` refuses the folder until an
+    ``extend`` with that spec has finished, and an interrupted ``extend`` continues where it stopped.
+    One process only (not under ``torchrun``).
     """
+    if distributed.active():
+        raise PosencError("run --extend in one process (not under torchrun): it evaluates a few models")
     out = Path(out)
     config_path = out / "config.json"
     if not config_path.exists():
@@ -460,6 +473,9 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     text = evaluation_text(corpus, spec.eval_tokens, context=spec.eval_context())
     config = json.loads(json.dumps({"spec": spec.to_dict(), "corpus": corpus.describe(),
                                     "evaluation_text": text.describe()}))
+    if previous.get("extending") not in (None, config["spec"]):
+        raise PosencError(f"{out} is being extended to another spec (config.json 'extending'): finish that "
+                          "extension first, with the same options")
     free = {"eval_lengths", "sliding", "notes"}
     differ = sorted(k for k in config["spec"] if k not in free and config["spec"][k] != previous["spec"].get(k))
     if differ:
@@ -475,24 +491,33 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     if missing_models:
         raise PosencError(f"{out} kept no final weights for {', '.join(missing_models)} (models/): cannot extend")
     common = run_context(spec, corpus, device)
-    skipped_ft = False
+    plans = []  # every unit checked before any is written
     for path in paths:
         unit = json.loads(path.read_text())
-        encoding, seed = unit["encoding"], unit["seed"]
+        kinds = {_device_kind(r["device"]) for r in unit["rows"]}
+        if kinds != {_device_kind(common["device"])}:
+            raise PosencError(f"{path.stem} was evaluated on {', '.join(sorted(kinds))}, this extension would run "
+                              f"on {common['device']}: extend on the same kind of device (--device)")
         strategies = list(dict.fromkeys(r["strategy"] for r in unit["rows"]))
-        todo = {}
+        todo, not_extended = {}, []
         for strategy in strategies:
             have = {_evaluation_key(r) for r in unit["rows"] if r["strategy"] == strategy}
             dropped = have - set(wanted)
             if dropped:
                 raise PosencError(f"{path.stem} {strategy} has evaluations the new spec drops "
                                   f"({sorted(dropped, key=str)}): extending only adds")
+            missing = [e for e in wanted if e not in have]
             if strategy.endswith("+ft"):
-                skipped_ft = skipped_ft or any(e not in have for e in wanted)
-                continue
-            todo[strategy] = [e for e in wanted if e not in have]
-        if not any(todo.values()):
-            continue
+                not_extended += [[strategy, *e] for e in missing]
+            else:
+                todo[strategy] = missing
+        if any(todo.values()):
+            plans.append((path, unit, strategies, todo, not_extended))
+    if plans:
+        write_atomic(config_path, json.dumps({**previous, "extending": config["spec"]}, indent=1))
+    new_fields = ("device", "torch", "python", "posenc_lab", "git_commit", "config")
+    for path, unit, strategies, todo, not_extended in plans:
+        encoding, seed = unit["encoding"], unit["seed"]
         t0 = time.perf_counter()
         log(f"extending {path.stem}: {sum(map(len, todo.values()))} evaluations")
         model = GPT(spec.model_config(encoding))
@@ -514,6 +539,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
             base = {k: v for k, v in next(r for r in unit["rows"] if r["strategy"] == strategy).items()
                     if k not in ("eval_len", "eval_mode", "stride", "status", "loss", "perplexity", "bits_per_byte",
                                  "tokens", "eval_seconds")}
+            base.update({k: common[k] for k in new_fields})  # the training is the unit's; the evaluation is ours
             evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress,
                                                           f"{path.stem} {strategy}", same_as=same_as,
                                                           evaluations=todo[strategy])
@@ -534,9 +560,10 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
         unit["rows"].sort(key=lambda r: (strategies.index(r["strategy"]), order[_evaluation_key(r)]))
         unit["extended"] = unit.get("extended", []) + [{
             "commit": common["git_commit"], "seconds": round(time.perf_counter() - t0, 1),
-            "evaluations": [list(e) for e in dict.fromkeys(e for v in todo.values() for e in v)]}]
+            "evaluations": [list(e) for e in dict.fromkeys(e for v in todo.values() for e in v)],
+            "not_extended": not_extended}]
         write_atomic(path, json.dumps(unit))
-    if skipped_ft:
+    if any(p[4] for p in plans):
         log("fine-tuned strategies (+ft) were not extended: their weights are not kept")
     write_atomic(config_path, json.dumps(config, indent=1))
     rows = collect(out)
@@ -580,6 +607,9 @@ def prepare(out: Path, config: dict) -> None:
     config_path = out / "config.json"
     if config_path.exists():
         previous = json.loads(config_path.read_text())
+        if previous.get("extending"):
+            raise PosencError(f"{out} is being extended (run --extend was interrupted): finish it with the same "
+                              "options and --extend")
         if json.loads(json.dumps(config)) != {k: previous.get(k) for k in config}:
             raise PosencError(f"{out} holds a different experiment (its config.json differs): use a new --out, --extend "
                               "to add evaluations to a finished run, "

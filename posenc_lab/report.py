@@ -542,8 +542,10 @@ def budget_growth(checkpoints, length: int) -> pd.DataFrame:
 def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float = ALPHA) -> pd.DataFrame:
     """Every claim's verdict at every checkpoint (non-overlapping windows, the curve lengths): a row per
     claim and part, a column per number of training tokens seen (millions). Where does a verdict flip,
-    and does it flip back? Claims that need a length the checkpoints were not evaluated at (e.g. the
-    ALiBi paper's ordering needs two lengths past the training length) are left out."""
+    and does it flip back? A claim part with no data at every budget (it needs a length, an encoding
+    or a strategy the checkpoints were not evaluated with: e.g. the ALiBi paper's order needs two lengths
+    past the training length, "T5 holds to 2x" a length of 2x) is left out of the table and named in
+    ``table.attrs["left out"]``."""
     df = budget_frame(checkpoints)
     judged_len = judged_len or int(df["eval_len"].max())
     records = []
@@ -554,7 +556,10 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
                                 "verdict": "not resolved" if v.startswith("not resolved") else v})
     table = pd.DataFrame(records).pivot(index="claim", columns="tokens (M)", values="verdict")
     table = table.loc[list(dict.fromkeys(r["claim"] for r in records))]
-    return table[~(table == "no data").all(axis=1)]  # claims that need a length the checkpoints were not evaluated at
+    unjudged = (table == "no data").all(axis=1)
+    kept = table[~unjudged]
+    kept.attrs["left out"] = list(table.index[unjudged])  # no data at any budget: named, not hidden
+    return kept
 
 
 def _power_law(tokens, floor, scale, exponent):

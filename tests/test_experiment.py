@@ -301,9 +301,20 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     after = experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 256), "sliding": ((64, 32), (128, 64))})
     quiet = dict(progress=False, log=lambda *a: None)
     old = experiment.run(before, tmp_path / "a", **quiet)
+    units_before = {p.name: json.loads(p.read_text()) for p in (tmp_path / "a" / "units").glob("*.json")}
     extended = experiment.extend(after, tmp_path / "a", **quiet)
     fresh = experiment.run(after, tmp_path / "b", **quiet)
     assert len(extended) > len(old)
+    # no training: the same training record, no training state written; the old rows unchanged but for config
+    for name, unit in units_before.items():
+        now = json.loads((tmp_path / "a" / "units" / name).read_text())
+        assert now["train_losses"] == unit["train_losses"] and now["checkpoints"] == unit["checkpoints"]
+        strip = lambda rows: [{k: v for k, v in r.items() if k != "config"} for r in rows]  # noqa: E731
+        assert all(r in strip(now["rows"]) for r in strip(unit["rows"]))
+    assert not list((tmp_path / "a" / "checkpoints").glob("*.pt"))
+    # the new rows carry the extension's commit and machine, the old ones those of the run
+    new_rows = [r for r in extended if (r["eval_len"], r["eval_mode"]) in {(256, "nonoverlapping"), (64, "sliding")}]
+    assert new_rows and {r["git_commit"] for r in new_rows} == {experiment.git_commit()}
     # fine-tuned weights are not kept, so +ft rows keep only the evaluations they had
     key = lambda r: (r["encoding"], r["strategy"], r["seed"], r["eval_len"], r["eval_mode"])
     have = {key(r) for r in extended}
@@ -312,6 +323,7 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
                                               ("rope", "pi+ft", 0, 64, "sliding")}
     unit = json.loads((tmp_path / "a" / "units" / "rope-s0.json").read_text())
     assert unit["extended"][0]["evaluations"] == [[64, "sliding", 32], [256, "nonoverlapping", None]]
+    assert unit["extended"][0]["not_extended"] == [["pi+ft", 64, "sliding", 32], ["pi+ft", 256, "nonoverlapping", None]]
     assert set(unit["per_position"]["none"]) == {"64", "128", "256"}
     assert json.loads((tmp_path / "a" / "config.json").read_text())["spec"]["eval_lengths"] == [64, 128, 256]
     docs = sorted((tmp_path / "a" / "documents.csv").read_text().splitlines())
@@ -319,16 +331,68 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     assert docs == sorted(line for line in (tmp_path / "b" / "documents.csv").read_text().splitlines()
                           if not line.startswith(gone))
     assert experiment.extend(after, tmp_path / "a", **quiet) == extended  # nothing left to add
+    snapshot = {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
     for change, message in [(dict(steps=7), "steps differ"),
                             (dict(eval_lengths=(64, 128, 256), sliding=((256, 64), (128, 64))), "different evaluation text"),
                             (dict(eval_lengths=(128,)), "drops")]:
         with pytest.raises(PosencError, match=message):
             experiment.extend(experiment.preset("ci", **{**small, **change}), tmp_path / "a", **quiet)
+    assert {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()} == snapshot, "a refusal wrote"
     (tmp_path / "a" / "models" / "alibi-s0.pt").unlink()
     with pytest.raises(PosencError, match="kept no final weights for alibi-s0"):
         experiment.extend(after, tmp_path / "a", **quiet)
     with pytest.raises(PosencError, match="no run to extend"):
         experiment.extend(after, tmp_path / "none", **quiet)
+
+
+def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch):
+    """An extension cut short leaves config.json naming the spec it extends to: run refuses the folder, extend
+    with another spec refuses, extend with the same spec finishes, and the result equals an uninterrupted one.
+    Under torchrun, and on another kind of device than the run's, extend refuses before writing anything."""
+    small = dict(encodings=("nope", "alibi"), steps=4, eval_lengths=(64, 128), modes=("nonoverlapping",))
+    before, after = experiment.preset("ci", **small), experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 256)})
+    quiet = dict(progress=False, log=lambda *a: None)
+    for out in ("cut", "whole"):
+        experiment.run(before, tmp_path / out, **quiet)
+    whole = experiment.extend(after, tmp_path / "whole", **quiet)
+    real, calls = experiment._evaluate_all, []
+
+    def cut_after_one_unit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "_evaluate_all", cut_after_one_unit)
+    with pytest.raises(KeyboardInterrupt):
+        experiment.extend(after, tmp_path / "cut", **quiet)
+    monkeypatch.setattr(experiment, "_evaluate_all", real)
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["extending"]["eval_lengths"] == [64, 128, 256]
+    with pytest.raises(PosencError, match="being extended"):
+        experiment.run(before, tmp_path / "cut", **quiet)
+    with pytest.raises(PosencError, match="another spec"):
+        experiment.extend(experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 512)}), tmp_path / "cut",
+                          **quiet)
+    cut = experiment.extend(after, tmp_path / "cut", **quiet)
+    assert comparable(cut) == comparable(whole)
+    assert "extending" not in json.loads((tmp_path / "cut" / "config.json").read_text())
+    assert experiment.run(after, tmp_path / "cut", **quiet) == cut  # the extended run is an ordinary run again
+
+    further = experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 256, 512)})
+    snapshot = {p: p.read_bytes() for p in (tmp_path / "cut").rglob("*") if p.is_file()}
+    monkeypatch.setattr(experiment.distributed, "active", lambda: True)
+    with pytest.raises(PosencError, match="one process"):
+        experiment.extend(further, tmp_path / "cut", **quiet)
+    monkeypatch.undo()
+    unit_path = tmp_path / "cut" / "units" / "nope-s0.json"
+    unit = json.loads(unit_path.read_text())
+    for r in unit["rows"]:
+        r["device"] = "cuda:0 (a GPU)"
+    unit_path.write_text(json.dumps(unit))
+    snapshot[unit_path] = unit_path.read_bytes()
+    with pytest.raises(PosencError, match="evaluated on cuda"):
+        experiment.extend(further, tmp_path / "cut", **quiet)
+    assert {p: p.read_bytes() for p in (tmp_path / "cut").rglob("*") if p.is_file()} == snapshot
 
 
 def test_cli_extend(tmp_path):

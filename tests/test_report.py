@@ -254,9 +254,38 @@ def test_budget_verdicts_show_where_a_verdict_flips():
     assert list(table.columns) == [0.1, 0.2]
     assert table.loc["3: worse than RoPE"].tolist() == ["holds", "fails"]
     # one length past L (4x) cannot order "sinusoidal first, then rotary", nor test T5 up to 2x: those rows
-    # are left out rather than shown as verdicts; ALiBi's flatness needs only the lengths measured
-    assert not any(c.startswith(("ordering: sinusoidal", "ordering: then", "ordering: T5")) for c in table.index)
+    # are left out and named, not shown as verdicts; ALiBi's flatness needs only the lengths measured
+    left_out = ["ordering: sinusoidal breaks first", "ordering: then rotary", "ordering: T5 holds to 2x"]
+    assert set(left_out) <= set(table.attrs["left out"]) and not set(left_out) & set(table.index)
     assert table.loc["ordering: ALiBi stays flat"].tolist() == ["holds", "holds"]
+
+
+def _ordering_rows(lengths):
+    """Sinusoidal, RoPE, T5 and ALiBi with growths that make the ALiBi paper's order clear at every length."""
+    growth = {"sinusoidal": 3.0, "rope": 1.6, "t5": 1.02, "alibi": 1.0}
+    rows = []
+    for seed in (0, 1, 2):
+        rng = np.random.default_rng(seed)
+        for enc, g in growth.items():
+            for length in lengths:
+                factor = 1.0 if length == lengths[0] else g ** math.log2(length / lengths[0]) / 2 + 0.5
+                rows.append({"encoding": enc, "strategy": "none" if enc == "rope" else "-", "seed": seed,
+                             "train_len": lengths[0], "eval_len": length, "eval_mode": "nonoverlapping",
+                             "status": "ok", "perplexity": 8.0 * factor * (1 + 0.002 * rng.standard_normal())})
+    return rows
+
+
+def test_an_order_needs_two_lengths_past_the_training_length():
+    """With one length past L, "sinusoidal breaks first" and "then rotary" are not judged (no data) and "T5 holds
+    to 2x" has no length to be judged at; with two, the same numbers decide them."""
+    one = {c["id"]: c for c in report.claims(_ordering_rows((128, 512)), "nonoverlapping", judged_len=512)}
+    two = {c["id"]: c for c in report.claims(_ordering_rows((128, 256, 512)), "nonoverlapping", judged_len=512)}
+    assert one["ordering"]["verdicts"]["sinusoidal breaks first"] == "no data"
+    assert one["ordering"]["verdicts"]["then rotary"] == "no data"
+    assert one["ordering"]["verdicts"]["T5 holds to 2x"] == "no data"
+    assert two["ordering"]["verdicts"]["sinusoidal breaks first"] == "holds"
+    assert two["ordering"]["verdicts"]["then rotary"] == "holds"
+    assert two["ordering"]["verdicts"]["T5 holds to 2x"] == "holds"
     growth = report.budget_growth(_checkpoint_rows(), 512)
     t5 = growth[(growth.label == "t5") & (growth.step == 100)]["growth"]
     assert t5.mean() == pytest.approx(2.0, rel=0.05) and len(t5) == 3
