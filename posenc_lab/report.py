@@ -484,6 +484,47 @@ def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(204
     return table.loc[list(dict.fromkeys(r["claim"] for r in records))]
 
 
+def direction(verdict_text: str) -> str:
+    """What a verdict says, without its strength: ``holds``/``fails`` for a resolved verdict and for the
+    direction an unresolved one names ("not resolved (the means point to holds)" -> ``holds``);
+    ``unclear`` for an unresolved verdict that names none, ``no data`` for none."""
+    if verdict_text in ("holds", "fails", "no data"):
+        return verdict_text
+    for word in ("holds", "fails"):
+        if f"point to {word}" in verdict_text:
+            return word
+    return "unclear"
+
+
+def verdicts_side_by_side(runs: dict, *, mode: str = "sliding", judged_len: int = 2048,
+                          alpha: float = ALPHA) -> pd.DataFrame:
+    """The claims' verdicts of several runs (``{name: rows}``) at one mode and judged length: a column per
+    run, then ``same verdict`` (identical text) and ``same direction`` (:func:`direction`), for the
+    question "which verdicts changed between two budgets (or set-ups)?". A run that cannot judge a
+    claim there shows ``no data``."""
+    columns = {}
+    for name, rows in runs.items():
+        table = verdict_table(rows, modes=(mode,), judged_lens=(judged_len,), alpha=alpha)
+        columns[name] = table[(mode, judged_len)] if (mode, judged_len) in table else pd.Series(dtype=object)
+    side = pd.DataFrame(columns).fillna("no data")
+    side["same verdict"] = side[list(runs)].nunique(axis=1) == 1
+    side["same direction"] = side[list(runs)].apply(lambda r: r.map(direction).nunique() == 1, axis=1)
+    return side
+
+
+def spread_at_training_length(rows, labels, *, mode: str = "nonoverlapping") -> dict:
+    """How far apart ``labels`` are at the training length: per label the mean perplexity over seeds,
+    and ``spread = max / min - 1`` of those means (issue 20's goal: within 10 % for RoPE, ALiBi, T5
+    and sinusoidal, as in the converged literature's 2 %)."""
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
+    means = {name: float(seed_values(df, mode, name, train).mean()) for name in labels}
+    missing = [name for name, v in means.items() if math.isnan(v)]
+    if missing:
+        raise PosencError(f"no {mode} rows at the training length ({train}) for {', '.join(missing)}")
+    return {"means": means, "spread": max(means.values()) / min(means.values()) - 1, "train_len": train}
+
+
 #: the rows of the README's headline tables, in the order of the registry
 HEADLINE_LABELS = ("nope", "sinusoidal", "learned", "rope/none", "rope/pi", "rope/ntk", "rope/dynamic-ntk", "rope/yarn",
                    "xpos", "alibi", "t5", "kerple", "fire")

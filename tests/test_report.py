@@ -343,3 +343,33 @@ def test_budget_extrapolation_says_never_when_the_floors_differ_by_more_than_the
         report.budget_extrapolation(_power_law_rows(laws), ["alibi"])
     with pytest.raises(PosencError, match="a three-parameter fit needs at least 4"):
         report.budget_extrapolation(_power_law_rows(laws, steps=(100, 200, 300)), ["t5"])
+
+
+def test_direction_reads_what_a_verdict_says():
+    assert report.direction("holds") == "holds" and report.direction("no data") == "no data"
+    assert report.direction("not resolved (the means point to fails)") == "fails"
+    assert report.direction("not resolved (resolved, but a difference is under 1%)") == "unclear"
+
+
+def test_verdicts_side_by_side_say_which_changed():
+    """Two runs that differ only in how much sinusoidal grows: its part of the ordering changes, ALiBi's does not."""
+    a = _ordering_rows((128, 256, 512))
+    b = [dict(r, perplexity=r["perplexity"] / 3 if r["encoding"] == "sinusoidal" and r["eval_len"] > 128
+              else r["perplexity"]) for r in a]
+    side = report.verdicts_side_by_side({"short": a, "long": b}, mode="nonoverlapping", judged_len=512)
+    assert list(side.columns) == ["short", "long", "same verdict", "same direction"]
+    first = side.loc["ordering: sinusoidal breaks first"]
+    assert first["short"] == "holds" and first["long"] != "holds" and not first["same verdict"]
+    assert side.loc["ordering: ALiBi stays flat", "same verdict"]
+    assert (side.loc["2: ntk most accurate", ["short", "long"]] == "no data").all()  # no strategies in these rows
+
+
+def test_spread_at_training_length_is_max_over_min_of_the_seed_means():
+    rows = [{"encoding": enc, "strategy": "-", "seed": seed, "train_len": 64, "eval_len": 64,
+             "eval_mode": "nonoverlapping", "status": "ok", "perplexity": base + 0.1 * seed}
+            for enc, base in (("alibi", 5.0), ("t5", 6.0)) for seed in (0, 1, 2)]
+    out = report.spread_at_training_length(rows, ["alibi", "t5"])
+    assert out["means"] == pytest.approx({"alibi": 5.1, "t5": 6.1})
+    assert out["spread"] == pytest.approx(6.1 / 5.1 - 1) and out["train_len"] == 64
+    with pytest.raises(PosencError, match="sinusoidal"):
+        report.spread_at_training_length(rows, ["alibi", "sinusoidal"])
