@@ -442,10 +442,11 @@ class PartialRoPE(RoPE):
     """Partial rotary (GPT-NeoX's ``rotary_pct``, Phi's ``partial_rotary_factor``): RoPE on a fraction of each head.
 
     The first ``r = 2 round(fraction * d / 2)`` coordinates of a head of size ``d`` are rotated with
-    ``theta_i = base ** (-2 i / r)``, ``i < r / 2`` -- the *full* range of frequencies, from one radian
-    per position down to about ``1 / base``, on fewer coordinates -- and the other ``d - r`` carry no
-    position. The default ``fraction = 0.25`` is GPT-NeoX's. Compare :class:`PRoPE`, which keeps
-    only the fast frequencies.
+    ``theta_i = base ** (-2 i / r)``, ``i < r / 2`` -- most of RoPE's range of frequencies, from one
+    radian per position down to ``base ** (-(r - 2) / r)`` (RoPE's own slowest is ``base ** (-(d - 2) / d)``),
+    in fewer and wider steps -- and the other ``d - r`` carry no position. The default ``fraction = 0.25``
+    is GPT-NeoX's (which truncates, ``r = int(d * fraction)``; the two agree whenever ``fraction * d`` is an
+    even integer). Compare :class:`PRoPE`, which keeps only the fast frequencies.
     """
 
     name, variant_of = "rope-partial", "rope"
@@ -463,9 +464,9 @@ class PRoPE(RoPE):
     Of the ``d / 2`` pairs with ``theta_i = base ** (-2 i / d)``, the ``k = round(p * d / 2)`` fastest
     (``i < k``) rotate as in RoPE and the others get ``theta_i = 0``: no rotation, no position. The
     kept frequencies are RoPE's own, from 1 down to ``base ** (-2 (k - 1) / d)``; the slow pairs, whose
-    angles hardly move within any length and which the authors find act as semantic channels, are
+    angles hardly move within the training length and which the authors find act as semantic channels, are
     freed of position. The default ``p = 0.75`` is the authors' best on Gemma 2B. Compare
-    :class:`PartialRoPE`, which keeps the whole range of frequencies on fewer coordinates.
+    :class:`PartialRoPE`, which keeps most of the range of frequencies on fewer coordinates.
     """
 
     name, variant_of = "p-rope", "rope"

@@ -218,7 +218,8 @@ def _llama3(dim, base, factor, train_len, seq_len, low_freq_factor=1.0, high_fre
     * ``lambda_i > lo`` (slow pairs): ``theta_i / s``, position interpolation;
     * otherwise ``theta_i' = (1 - g_i) theta_i / s + g_i theta_i`` with
       ``g_i = (L_o / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor)``, linear in
-      the pair's turns ``L_o / lambda_i`` (YaRN's ramp is linear in the pair index instead).
+      the pair's turns ``L_o / lambda_i``, as the YaRN paper's ramp is (the released YaRN code, the
+      package's default ``ramp="index"``, ramps linearly in the pair index instead).
 
     Attention factor 1. Meta's released values are ``s = 8``, ``low_freq_factor = 1``,
     ``high_freq_factor = 4``, ``L_o = 8192``; here ``s`` follows the length like every other strategy.
