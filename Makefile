@@ -11,6 +11,18 @@ MATHJAX := _mathjax/mathjax/tex-chtml.js
 
 env: $(VENV)/.installed
 
+# copy a finished run's config, tables and units (and the files named in $(2)) into results/$(1)
+define commit_run
+rm -rf results/$(1) && mkdir -p results/$(1) && \
+  cp -r runs/$(1)/config.json runs/$(1)/results.csv runs/$(1)/results.json runs/$(1)/units \
+  $(addprefix runs/$(1)/,$(2)) results/$(1)/
+endef
+# float16 weights of seed 0 of the article's encodings, for chapter 9's diagnostics and chapter 4's generation
+define export_seed0
+$(PY) -c "from posenc_lab import results; results.export_models('runs/$(1)', '$(1)', \
+  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
+endef
+
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
@@ -51,34 +63,24 @@ results-cpu: env
 
 results-retrieval: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-cpu --out runs/retrieval-cpu
-	rm -rf results/retrieval-cpu && mkdir -p results/retrieval-cpu && \
-	  cp -r runs/retrieval-cpu/config.json runs/retrieval-cpu/results.* runs/retrieval-cpu/units results/retrieval-cpu/
+	$(call commit_run,retrieval-cpu)
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env
 	$(PY) -m posenc_lab run --preset amplitude-cpu --out runs/amplitude-cpu
-	rm -rf results/amplitude-cpu && mkdir -p results/amplitude-cpu && \
-	  cp -r runs/amplitude-cpu/config.json runs/amplitude-cpu/results.* runs/amplitude-cpu/documents.csv \
-	  runs/amplitude-cpu/checkpoints.csv runs/amplitude-cpu/units results/amplitude-cpu/
+	$(call commit_run,amplitude-cpu,documents.csv checkpoints.csv)
 
 results-article: env
 	$(PY) -m posenc_lab run --preset article-cpu --out runs/article-cpu
-	rm -rf results/article-cpu && mkdir -p results/article-cpu && \
-	  cp -r runs/article-cpu/config.json runs/article-cpu/results.* runs/article-cpu/documents.csv \
-	  runs/article-cpu/checkpoints.csv runs/article-cpu/units runs/article-cpu/figures results/article-cpu/
-	# float16 weights of seed 0 for chapter 9's diagnostics and chapter 4's generation
-	$(PY) -c "from posenc_lab import results; results.export_models('runs/article-cpu', 'article-cpu', \
-	  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
+	$(call commit_run,article-cpu,documents.csv checkpoints.csv figures)
+	$(call export_seed0,article-cpu)
 
 # article-long (issue 20): article-cpu's recipe with 4x the tokens for the article's encodings, three seeds; many
 # hours on two cores (it resumes where it stopped; pending/README.md says how to keep its finished units safe)
 results-long: env
 	$(PY) -m posenc_lab run --preset article-long --out runs/article-long
-	rm -rf results/article-long && mkdir -p results/article-long && \
-	  cp -r runs/article-long/config.json runs/article-long/results.* runs/article-long/documents.csv \
-	  runs/article-long/checkpoints.csv runs/article-long/units runs/article-long/figures results/article-long/
-	$(PY) -c "from posenc_lab import results; results.export_models('runs/article-long', 'article-long', \
-	  ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
+	$(call commit_run,article-long,documents.csv checkpoints.csv figures)
+	$(call export_seed0,article-long)
 
 # the committed CPU benchmarks (about 15 minutes on two cores, nothing else running); the peer
 # comparison installs x-transformers, a benchmark-only dependency

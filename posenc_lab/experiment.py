@@ -361,6 +361,26 @@ def _same_rotation(model, strategy: str, length: int) -> bool:
     return all(torch.equal(a, b) for a, b in zip(mine, plain))
 
 
+class _PlainRotation:
+    """The rows the 'none' strategy measured for a RoPE model, reused for a strategy that rotates the same
+    positions exactly as 'none' does (every strategy at the training length): compared, not assumed."""
+
+    def __init__(self, model, encoding: str):
+        self.model, self.encoding, self.measured = model, encoding, {}
+
+    def remember(self, evaluated: list[dict], per_position: dict, docs: list[dict]) -> None:
+        for r in evaluated:
+            key = (r["eval_len"], r["eval_mode"])
+            self.measured[key] = (r, per_position.get(str(r["eval_len"])) if r["eval_mode"] == "nonoverlapping" else None,
+                                  [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
+
+    def same_as(self, length, mode):
+        scaling = self.model.encoding.scaling if self.encoding == "rope" else "none"
+        if scaling == "none" or (length, mode) not in self.measured:
+            return None
+        return self.measured[(length, mode)] if _same_rotation(self.model, scaling, length) else None
+
+
 def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText, out: Path, device, progress,
              common: dict) -> dict:
     """Train and evaluate one encoding with one seed; returns the unit record (rows, curves, documents,
@@ -387,23 +407,14 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
             "train_tokens_per_s": round(trained["train_tokens_per_s"], 1), "finetune_steps": 0, "finetune_tokens": 0,
             "finetune_len": "", **common}
     rows, curves, documents = [], {}, []
-    measured = {}  # (length, mode) -> the 'none' strategy's rows, reused where a strategy is the same rotation
-
-    def same_as(length, mode):
-        if encoding != "rope" or model.encoding.scaling == "none" or (length, mode) not in measured:
-            return None
-        return measured[(length, mode)] if _same_rotation(model, model.encoding.scaling, length) else None
-
+    plain = _PlainRotation(model, encoding)
     for strategy in strategies:
         if encoding == "rope":
             model.encoding.set_scaling(strategy)
         evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress, f"{label} {strategy}",
-                                                      same_as=same_as)
+                                                      same_as=plain.same_as)
         if strategy == "none":
-            for r in evaluated:
-                key = (r["eval_len"], r["eval_mode"])
-                measured[key] = (r, per_position.get(str(r["eval_len"])) if r["eval_mode"] == "nonoverlapping" else None,
-                                 [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
+            plain.remember(evaluated, per_position, docs)
         rows += [{**base, "strategy": strategy, **r} for r in evaluated]
         documents += [{"strategy": strategy, **d} for d in docs]
         curves[strategy] = per_position
@@ -524,13 +535,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
         state = torch.load(out / "models" / f"{encoding}-s{seed}.pt", map_location="cpu", weights_only=True)
         model.load_state_dict(state)
         model.to(device).eval()
-        added: dict = {}  # (length, mode) -> the 'none' strategy's new rows, reused where a strategy is the same rotation
-
-        def same_as(length, mode):
-            if encoding != "rope" or model.encoding.scaling == "none" or (length, mode) not in added:
-                return None
-            return added[(length, mode)] if _same_rotation(model, model.encoding.scaling, length) else None
-
+        plain = _PlainRotation(model, encoding)  # the 'none' strategy's new rows, reused as run_unit does
         for strategy in strategies:
             if not todo.get(strategy):
                 continue
@@ -541,13 +546,10 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
                                  "tokens", "eval_seconds")}
             base.update({k: common[k] for k in new_fields})  # the training is the unit's; the evaluation is ours
             evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress,
-                                                          f"{path.stem} {strategy}", same_as=same_as,
+                                                          f"{path.stem} {strategy}", same_as=plain.same_as,
                                                           evaluations=todo[strategy])
             if strategy == "none":
-                for r in evaluated:
-                    key = (r["eval_len"], r["eval_mode"])
-                    added[key] = (r, per_position.get(str(r["eval_len"])) if r["eval_mode"] == "nonoverlapping" else None,
-                                  [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
+                plain.remember(evaluated, per_position, docs)
             unit["rows"] += [{**base, **r} for r in evaluated]
             unit["documents"] = unit.get("documents", []) + [
                 {"encoding": encoding, "seed": seed, "strategy": strategy, **d} for d in docs]
