@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -64,6 +64,21 @@ results-cpu: env
 results-retrieval: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-cpu --out runs/retrieval-cpu
 	$(call commit_run,retrieval-cpu)
+
+# the two retrieval tasks that need positions (chapter 9): five digits in order, the named key among distractors;
+# the article's encodings, three seeds each (about 35 minutes each on two quiet cores)
+results-tasks: env
+	for task in digits multikey; do $(PY) -m posenc_lab retrieval --preset retrieval-$$task-cpu --out runs/retrieval-$$task-cpu && \
+	  rm -rf results/retrieval-$$task-cpu && mkdir -p results/retrieval-$$task-cpu && \
+	  cp -r runs/retrieval-$$task-cpu/config.json runs/retrieval-$$task-cpu/results.* runs/retrieval-$$task-cpu/units \
+	    results/retrieval-$$task-cpu/ || exit 1; done
+
+# the context experiment on article-cpu's models (chapter 9; inference only, about 45 minutes): needs the weights
+# of every seed in runs/article-cpu/models, which only the machine that trained them has (run results-article first)
+results-context: env
+	$(PY) -m posenc_lab context --preset context-cpu --run runs/article-cpu --out runs/context-cpu
+	rm -rf results/context-cpu && mkdir -p results/context-cpu && \
+	  cp -r runs/context-cpu/config.json runs/context-cpu/*.csv runs/context-cpu/*.json runs/context-cpu/units results/context-cpu/
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env

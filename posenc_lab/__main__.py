@@ -66,7 +66,7 @@ def version_text() -> str:
              "committed results shipped with it, by the posenc_lab commit that produced them:"]
     for name in results.RUNS:
         try:
-            rows = results.read_json(name, "results.json")
+            rows = results.rows(name)
         except (PosencError, OSError):
             lines.append(f"  {name}: not shipped")
             continue

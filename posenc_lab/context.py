@@ -24,8 +24,11 @@ whose perplexity the book reports, without retraining them:
   still parses), and at the end of the window ``assert PASSKEY == "`` followed by the five digits,
   which are scored by teacher forcing (the argmax at each digit given the true earlier ones; see
   :mod:`posenc_lab.retrieval` for why this equals greedy decoding's exact match). Every digit comes from the
-  same alphabet, so the model must copy the digits in order from the right place; chance is 10 %
-  per digit and 0.001 % for all five.
+  same alphabet, so the model must copy the digits in order from the right place. The argmax runs
+  over all 256 bytes, so a model that does not expect a digit after the question scores below the
+  10 % a guessing digit would get; the *choice* accuracy takes the argmax over the ten digits only
+  (chance exactly 10 % per digit, 0.001 % for all five), which separates "does not retrieve" from
+  "does not know a digit comes".
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ THRESHOLD = 0.5
 #: the default n-gram of a far repeat
 NGRAM = 8
 PASSKEY_DIGITS = 5
+#: the passkey's alphabet
+DIGITS = b"0123456789"
 _NAME = b"PASSKEY"
 
 
@@ -268,20 +273,37 @@ def passkey_windows(text: PasskeyText, n: int, length: int, depth: float, genera
 
 
 @torch.no_grad()
-def answer_hits(model, inputs: torch.Tensor, keys: torch.Tensor, *, batch_size: int = 8, device="cpu") -> torch.Tensor:
-    """Teacher-forced hits (bool ``n x k``): whether the argmax at each of the last ``k`` positions' predecessors
-    is the key's byte (the last ``k`` targets of a window are the key; the input holds all but its last byte)."""
+def answer_logits(model, inputs: torch.Tensor, k: int = PASSKEY_DIGITS, *, batch_size: int = 8,
+                  device="cpu") -> torch.Tensor:
+    """The logits (float ``n x k x vocab``) that predict the last ``k`` bytes of each window: the last ``k``
+    targets of a window are the key, and the input holds all but its last byte, so position ``n - k`` predicts
+    the key's first byte given the window, and each later one the next byte given the true earlier ones
+    (teacher forcing)."""
     device = torch.device(device)
-    k = keys.shape[1]
     model.eval().to(device)
     out = []
     with flush_denormals():
         for i in range(0, len(inputs), batch_size):
-            x = inputs[i : i + batch_size].to(device)
             with autocast(device):
-                logits = model(x)[:, -k:]  # position n-k predicts the first digit (input n-k+1 is it), ...
-            out.append((logits.argmax(-1).cpu() == keys[i : i + batch_size]))
+                logits = model(inputs[i : i + batch_size].to(device))[:, -k:]
+            out.append(logits.float().cpu())
     return torch.cat(out)
+
+
+def answer_hits(model, inputs: torch.Tensor, keys: torch.Tensor, *, batch_size: int = 8, device="cpu",
+                among: bytes | None = None) -> torch.Tensor:
+    """Teacher-forced hits (bool ``n x k``): whether the argmax at each of the key's positions is the key's
+    byte. ``among``: the argmax over these bytes only (e.g. ``b"0123456789"``: which digit the model ranks
+    first, whether or not it expects a digit there; chance is ``1 / len(among)``)."""
+    return choose(answer_logits(model, inputs, keys.shape[1], batch_size=batch_size, device=device), among) == keys
+
+
+def choose(logits: torch.Tensor, among: bytes | None = None) -> torch.Tensor:
+    """The argmax byte of each row of ``logits`` (``... x vocab``), over all bytes or over the bytes ``among``."""
+    if among is None:
+        return logits.argmax(-1)
+    allowed = torch.tensor(list(among))
+    return allowed[logits[..., allowed].argmax(-1)]
 
 
 # --------------------------------------------------------------------------------------------- the runner
@@ -361,7 +383,7 @@ STREAM_COLUMNS = ["encoding", "seed", "train_len", "sinks", "window", "tokens", 
                   "run", "git_commit"]
 PASSKEY_COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "status", "trials",
                    "correct", "accuracy", "ci_low", "ci_high", "digit_accuracy", "first_digit_accuracy",
-                   "distance_mean", "run", "git_commit"]
+                   "choice_accuracy", "distance_mean", "run", "git_commit"]
 
 
 def _load_run(spec: ContextSpec):
@@ -374,6 +396,9 @@ def _load_run(spec: ContextSpec):
         return config, lambda enc, seed, **o: results.model_from_run(folder, enc, seed=seed, **o)
     if spec.run in results.RUNS:
         _, _, config = results.load_config_only(spec.run)
+        if "corpus" not in config or "trained" in config:  # a retrieval run has no corpus, a context run "trained"
+            raise PosencError(f"{spec.run!r} is not a language-model run (python -m posenc_lab run): it has no "
+                              "trained models to measure")
         return config, lambda enc, seed, **o: results.model(spec.run, enc, seed=seed, **o)
     raise PosencError(f"{spec.run!r} is neither a run folder (with config.json) nor a committed run "
                       f"({', '.join(results.RUNS)})")
@@ -416,21 +441,23 @@ def run_context_unit(spec: ContextSpec, encoding: str, seed: int, load, train_le
             cell = {**base, "eval_len": length, "multiple": multiple, "depth": depth,
                     "distance_mean": float(w["distance"].double().mean())}
             try:
-                hits = answer_hits(model, w["inputs"], w["keys"], device=device,
-                                   batch_size=max(1, spec.eval_batch_size * 2048 // max(length, 2048)))
+                logits = answer_logits(model, w["inputs"], PASSKEY_DIGITS, device=device,
+                                       batch_size=max(1, spec.eval_batch_size * 2048 // max(length, 2048)))
             except PositionOutOfRange:
                 keys.append({**cell, "status": "cannot extrapolate", "trials": 0, "correct": 0, "accuracy": math.nan,
                              "ci_low": math.nan, "ci_high": math.nan, "digit_accuracy": math.nan,
-                             "first_digit_accuracy": math.nan})
+                             "first_digit_accuracy": math.nan, "choice_accuracy": math.nan})
                 continue
             from .retrieval import wilson
 
+            hits = choose(logits) == w["keys"]
             correct = int(hits.all(-1).sum())
             low, high = wilson(correct, spec.trials)
             keys.append({**cell, "status": "ok", "trials": spec.trials, "correct": correct,
                          "accuracy": correct / spec.trials, "ci_low": low, "ci_high": high,
                          "digit_accuracy": float(hits.double().mean()),
-                         "first_digit_accuracy": float(hits[:, 0].double().mean())})
+                         "first_digit_accuracy": float(hits[:, 0].double().mean()),
+                         "choice_accuracy": float((choose(logits, DIGITS) == w["keys"]).double().mean())})
     streams = []
     if encoding in spec.sink_encodings:
         from .diagnostics import first_token_mass
@@ -529,7 +556,8 @@ def gain_table(rows) -> "pandas.DataFrame":
 
 def passkey_table(rows) -> "pandas.DataFrame":
     """Per label and length: exact match pooled over depths and seeds (Wilson 95 % interval), the per-digit and
-    first-digit accuracy, and the mean distance from the planted digits to the question."""
+    first-digit accuracy, the choice accuracy (argmax over the ten digits; NaN for runs made before it was
+    measured), and the mean distance from the planted digits to the question."""
     import pandas as pd
 
     from .retrieval import wilson
@@ -537,15 +565,20 @@ def passkey_table(rows) -> "pandas.DataFrame":
     df = pd.DataFrame(rows).assign(label=_label)
     df["digit_hits"] = df["digit_accuracy"] * df["trials"]
     df["first_hits"] = df["first_digit_accuracy"] * df["trials"]
+    if "choice_accuracy" not in df:  # runs made before the column existed
+        df["choice_accuracy"] = math.nan
+    df["choice_hits"] = df["choice_accuracy"] * df["trials"]
     g = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
                                               digit_hits=("digit_hits", "sum"), first_hits=("first_hits", "sum"),
+                                              choice_hits=("choice_hits", lambda x: x.sum(min_count=1)),
                                               status=("status", "first"), distance=("distance_mean", "mean"))
     g["accuracy"] = g["correct"] / g["trials"].where(g["trials"] > 0)
     g["digit_accuracy"] = g["digit_hits"] / g["trials"].where(g["trials"] > 0)
     g["first_digit_accuracy"] = g["first_hits"] / g["trials"].where(g["trials"] > 0)
+    g["choice_accuracy"] = g["choice_hits"] / g["trials"].where(g["trials"] > 0)
     intervals = [wilson(int(c), int(t)) for c, t in zip(g["correct"], g["trials"])]
     g["ci_low"], g["ci_high"] = zip(*intervals) if intervals else ((), ())
-    return g.drop(columns=["digit_hits", "first_hits"])
+    return g.drop(columns=["digit_hits", "first_hits", "choice_hits"])
 
 
 def report(out: Path | str) -> str:
@@ -567,13 +600,16 @@ def report(out: Path | str) -> str:
                      f"{r['gain_sd']:.3f} | {r['share_better']:.1%} | {r['share_worse']:.1%} | "
                      f"{r['share_repeats']:.1%} | {int(r['seeds'])} |")
     lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [95 % interval]:", "",
-              "| label | length | exact match | digits | first digit | distance |", "|---|---|---|---|---|---|"]
+              "| label | length | exact match | digits | first digit | digits, argmax of ten | distance |",
+              "|---|---|---|---|---|---|---|"]
     for (label, length), r in passkey_table(keys).iterrows():
         if r["status"] != "ok":
-            lines.append(f"| {label} | {length} | cannot extrapolate | | | |")
+            lines.append(f"| {label} | {length} | cannot extrapolate | | | | |")
             continue
         lines.append(f"| {label} | {length} | {r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | "
-                     f"{r['digit_accuracy']:.2f} | {r['first_digit_accuracy']:.2f} | {r['distance']:.0f} |")
+                     f"{r['digit_accuracy']:.2f} | {r['first_digit_accuracy']:.2f} | "
+                     f"{'not measured' if math.isnan(r['choice_accuracy']) else format(r['choice_accuracy'], '.2f')} | "
+                     f"{r['distance']:.0f} |")
     streams = json.loads((out / "stream.json").read_text()) if (out / "stream.json").exists() else []
     if streams:
         import pandas as pd

@@ -28,7 +28,11 @@ RUNS = {
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
+    "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
+                   "past 512 bytes, a passkey in Python, streams with and without attention sinks",
 }
+#: the tables of a context run (``python -m posenc_lab context``); every other run has ``results.json``
+CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")
 
 
 def _checkout_root() -> Path:
@@ -64,6 +68,16 @@ def load(name: str) -> tuple[list[dict], list[dict], dict]:
     units = [_read_json(p) for p in sorted(units_dir.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")]
     config = _read_json(node / "config.json")
     return rows, units, config
+
+
+def rows(name: str) -> list[dict]:
+    """Every row of committed run ``name``: ``results.json``, or a context run's three tables one after the other."""
+    node = folder(name)
+    if (node / "results.json").is_file():
+        return _read_json(node / "results.json")
+    if (node / CONTEXT_TABLES[0]).is_file():
+        return [r for table in CONTEXT_TABLES if (node / table).is_file() for r in _read_json(node / table)]
+    raise PosencError(f"committed run {name!r} has neither results.json nor gain.json")
 
 
 def benchmark(name: str) -> dict:

@@ -152,6 +152,27 @@ def test_answer_hits_reads_the_last_positions():
     assert hits.tolist() == [[True, True, True], [True, False, True]]
 
 
+def test_the_choice_among_digits_ignores_every_other_byte():
+    # the model ranks "x" first everywhere, then the digit (position + 3) mod 10: over all bytes it never hits
+    # a digit key; among the ten digits it picks that digit
+    logits = torch.zeros(2, 3, 256)
+    logits[..., ord("x")] = 5.0
+    for p in range(3):
+        logits[:, p, ord("0") + (p + 3) % 10] = 2.0
+        logits[:, p, ord("0") + (p + 7) % 10] = 1.0
+    assert (cx.choose(logits) == ord("x")).all()
+    assert cx.choose(logits, cx.DIGITS).tolist() == [[ord("3"), ord("4"), ord("5")]] * 2
+
+    class Fixed(torch.nn.Module):
+        def forward(self, x):
+            return logits[:, :1].expand(len(x), x.shape[1], 256)
+
+    keys = torch.tensor([[ord("3")] * 3, [ord("7")] * 3])
+    assert not cx.answer_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys).any()
+    among = cx.answer_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys, among=cx.DIGITS)
+    assert among.tolist() == [[True] * 3, [False] * 3]
+
+
 def test_context_runner_end_to_end_and_resumes(tmp_path):
     from posenc_lab import experiment
 
@@ -173,6 +194,8 @@ def test_context_runner_end_to_end_and_resumes(tmp_path):
         assert r["status"] == ("cannot extrapolate" if r["encoding"] == "learned" else "ok")
         if r["status"] == "ok":
             assert 0 <= r["accuracy"] <= r["digit_accuracy"] + 1e-12 <= 1 + 1e-12 and r["trials"] == 2
+            # the argmax over ten digits hits whenever the argmax over all bytes does
+            assert r["digit_accuracy"] <= r["choice_accuracy"] + 1e-12 <= 1 + 1e-12
     header = (tmp_path / "context" / "gain.csv").read_text().splitlines()[0].split(",")
     assert header == cx.GAIN_COLUMNS
     text = cx.report(tmp_path / "context")
@@ -272,3 +295,22 @@ def test_first_token_mass_is_the_weight_on_key_zero():
     weights = diagnostics.attention_weights(model, s[None])
     assert mass.shape == (2, 2)
     torch.testing.assert_close(mass[1, 0], weights[1][0, 0, 5:, 0].mean())
+
+
+@pytest.mark.parametrize("name", ["retrieval-cpu", "context-cpu"])
+def test_a_committed_run_without_language_models_is_refused(name):
+    with pytest.raises(PosencError, match="not a language-model run"):
+        cx.run(cx.context_preset("context-ci", run=name), "/nonexistent-never-written", progress=False)
+
+
+def test_the_committed_context_run_has_its_three_tables_and_every_seed():
+    from posenc_lab import results
+
+    rows = results.rows("context-cpu")
+    gains, keys, streams = (results.read_json("context-cpu", t) for t in results.CONTEXT_TABLES)
+    assert len(rows) == len(gains) + len(keys) + len(streams)
+    assert {r["seed"] for r in gains} == {r["seed"] for r in keys} == {0, 1, 2}
+    assert {r["encoding"] for r in streams} == {"nope", "rope", "alibi"}
+    # 9 encodings with RoPE's 5 strategies at 3 lengths, less learned (it cannot run past 512)
+    assert len(cx.gain_table(gains)) == 12 * 3
+    assert {r["status"] for r in gains if r["encoding"] == "learned"} == {"cannot extrapolate"}

@@ -211,7 +211,7 @@ def test_version_prints_the_package_version_and_the_commits_of_the_shipped_resul
     lines = out.stdout.splitlines()
     assert lines[0].startswith(f"posenc-lab {posenc_lab.__version__} ")
     for name in results.RUNS:
-        commits = {row["git_commit"] for row in results.read_json(name, "results.json")}
+        commits = {row["git_commit"] for row in results.rows(name)}
         line = next(line for line in lines if line.strip().startswith(f"{name}:"))
         for commit in commits:
             assert commit[:12] in line, f"{name}: commit {commit[:12]} not printed"
