@@ -581,6 +581,44 @@ def passkey_table(rows) -> "pandas.DataFrame":
     return g.drop(columns=["digit_hits", "first_hits", "choice_hits"])
 
 
+def _per_seed(df, label, length, column):
+    mine = df[(df["label"] == label) & (df["eval_len"] == length)]
+    return mine.set_index("seed")[column]
+
+
+def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: float | None = None) -> "pandas.DataFrame":
+    """Two verdicts per label at evaluation length ``length``, on the far targets (window position past the
+    reach), under the book's rule (:data:`posenc_lab.report.RULE`: seeds are the samples, paired t-tests):
+
+    * ``uses the far context``: the label's loss with full attention is below its own loss with attention
+      limited to the reach (the gain is positive); ``fails`` means the far context makes it worse;
+    * ``beats the window``: its loss with full attention is below ``baseline``'s loss with attention limited to
+      the reach: for ``rope/none``, RoPE as trained, never looking further back than it was trained to
+      (the baseline an extrapolation strategy must beat; for ``baseline``'s own row the two verdicts agree).
+
+    Columns: ``far_loss_full``, ``far_loss_reach`` (means over seeds), ``window`` (the baseline's limited
+    loss), the two verdicts and ``seeds``."""
+    import pandas as pd
+
+    from . import report as rep
+
+    alpha = rep.ALPHA if alpha is None else alpha
+    df = pd.DataFrame(rows)
+    df = df[(df["status"] == "ok") & (df["eval_len"] == length)].assign(label=_label)
+    if df.empty:
+        raise PosencError(f"no finished gain rows at length {length}")
+    window = _per_seed(df, baseline, length, "far_loss_reach") if baseline in set(df["label"]) else None
+    out = []
+    for label in sorted(df["label"].unique()):
+        full, reach = _per_seed(df, label, length, "far_loss_full"), _per_seed(df, label, length, "far_loss_reach")
+        uses = rep.verdict([rep.compare_paired(full, reach, alpha=alpha)], "<")
+        beats = "no baseline" if window is None else rep.verdict([rep.compare_paired(full, window, alpha=alpha)], "<")
+        out.append({"label": label, "far_loss_full": full.mean(), "far_loss_reach": reach.mean(),
+                    "window": math.nan if window is None else window.mean(), "uses the far context": uses,
+                    "beats the window": beats, "seeds": len(full)})
+    return pd.DataFrame(out).set_index("label")
+
+
 def report(out: Path | str) -> str:
     """The text report of a context run folder: the gain table and the passkey table."""
     out = Path(out)
@@ -599,6 +637,14 @@ def report(out: Path | str) -> str:
         lines.append(f"| {label} | {length} | {r['far_loss_full']:.3f} | {r['far_loss_reach']:.3f} | {r['gain']:+.3f} | "
                      f"{r['gain_sd']:.3f} | {r['share_better']:.1%} | {r['share_worse']:.1%} | "
                      f"{r['share_repeats']:.1%} | {int(r['seeds'])} |")
+    for length in sorted({r["eval_len"] for r in gains if r["status"] == "ok"}):
+        if len({r["seed"] for r in gains}) < 2:
+            break
+        table = windowed_verdicts(gains, length)
+        lines += ["", f"at {length}: does each model use the far context, and does it beat RoPE limited to "
+                  f"{first['reach']} keys (rope/none's far loss {table['window'].iloc[0]:.3f})? (paired t-tests over seeds)",
+                  "", "| label | uses the far context | beats the window |", "|---|---|---|"]
+        lines += [f"| {label} | {r['uses the far context']} | {r['beats the window']} |" for label, r in table.iterrows()]
     lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [95 % interval]:", "",
               "| label | length | exact match | digits | first digit | digits, argmax of ten | distance |",
               "|---|---|---|---|---|---|---|"]

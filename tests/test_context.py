@@ -314,3 +314,26 @@ def test_the_committed_context_run_has_its_three_tables_and_every_seed():
     # 9 encodings with RoPE's 5 strategies at 3 lengths, less learned (it cannot run past 512)
     assert len(cx.gain_table(gains)) == 12 * 3
     assert {r["status"] for r in gains if r["encoding"] == "learned"} == {"cannot extrapolate"}
+
+
+def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
+    def row(encoding, strategy, seed, full, reach):
+        return {"encoding": encoding, "strategy": strategy, "seed": seed, "eval_len": 1024, "status": "ok",
+                "far_loss_full": full, "far_loss_reach": reach}
+
+    rows = []
+    for seed, jitter in zip((0, 1, 2), (0.0, 0.01, -0.01)):
+        rows += [row("rope", "none", seed, 2.5 + jitter, 1.6 + jitter / 2),  # hurt by the far context
+                 row("rope", "yarn", seed, 1.7 + jitter, 1.75 + 1.5 * jitter),  # helped, but worse than the window
+                 row("nope", "-", seed, 1.5 + jitter, 1.58 + 2 * jitter),  # helped, and better than the window
+                 row("alibi", "-", seed, 1.8, 1.8)]                          # ignores it: no spread, no test
+    table = cx.windowed_verdicts(rows, 1024)
+    assert table.loc["rope/none", "uses the far context"] == "fails"
+    assert table.loc["rope/yarn", "uses the far context"] == "holds"
+    assert table.loc["rope/yarn", "beats the window"] == "fails"
+    assert table.loc["nope", "beats the window"] == "holds"
+    assert table.loc["alibi", "uses the far context"].startswith("not resolved")  # no spread over seeds: no test
+    assert table.loc["rope/yarn", "window"] == pytest.approx(1.6)
+    assert (table["seeds"] == 3).all()
+    with pytest.raises(PosencError, match="no finished gain rows"):
+        cx.windowed_verdicts(rows, 2048)
