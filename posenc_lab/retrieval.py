@@ -408,6 +408,39 @@ def by_length(rows):
     return pooled
 
 
+def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
+    """Exact-match accuracy per label and *absolute* distance from the question back to the needle, pooled over
+    lengths, depths and seeds, with its Wilson 95 % interval: a DataFrame indexed by ``(label, distance)``, where
+    ``distance`` is the bin ``[a, b)`` of ``edges`` (bytes) that each grid cell's distance falls in. It separates
+    "far from the question" from "long window": an encoding that fails by distance fails at the same distance
+    in every window; one that fails by length fails near the question too."""
+    import pandas as pd
+
+    df = frame(rows)
+    df = df[df["status"] == "ok"].copy()
+    if "distance" not in df:  # runs of the content task made before the column existed: the same geometry
+        last = df["eval_len"] - 2 * KEY_LEN
+        df["distance"] = df["eval_len"] - KEY_LEN - (df["depth"] * last).round().astype(int)
+    labels = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])]
+    df["distance_bin"] = pd.cut(df["distance"], bins=list(edges), right=False, labels=labels)
+    pooled = df.groupby(["label", "distance_bin"], observed=True).agg(correct=("correct", "sum"),
+                                                                       trials=("trials", "sum"))
+    pooled = pooled[pooled["trials"] > 0]
+    pooled["accuracy"] = pooled["correct"] / pooled["trials"]
+    intervals = [wilson(int(c), int(t)) for c, t in zip(pooled["correct"], pooled["trials"])]
+    pooled["ci_low"], pooled["ci_high"] = zip(*intervals) if intervals else ((), ())
+    return pooled.rename_axis(["label", "distance"])
+
+
+def by_seed(rows):
+    """Exact-match accuracy per label, length and seed (pooled over depths): the samples a comparison of
+    encodings rests on, since windows scored by one trained model are not independent of each other's model."""
+    df = frame(rows)
+    df = df[df["status"] == "ok"]
+    g = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
+    return g["correct"] / g["trials"]
+
+
 def markdown_table(rows) -> str:
     """Exact match per encoding (rows) and length (columns), pooled over depths, ``accuracy [low, high]``."""
     table = by_length(rows)

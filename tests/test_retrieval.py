@@ -169,3 +169,30 @@ def test_task_names_and_config_identity():
     assert retrieval.RetrievalSpec(task="digits").to_dict()["task"] == "digits"
     with pytest.raises(PosencError, match="window needs at least 71 bytes"):
         retrieval.make_windows(2, 30, 0.0, torch.Generator(), "multikey")
+
+
+def test_accuracy_by_absolute_distance_pools_cells_by_their_distance():
+    def row(seed, length, depth, distance, correct, trials=10):
+        return {"encoding": "alibi", "strategy": "-", "seed": seed, "eval_len": length, "depth": depth,
+                "distance": distance, "status": "ok", "correct": correct, "trials": trials}
+
+    rows = [row(0, 128, 1.0, 5, 10), row(0, 512, 1.0, 5, 9), row(1, 512, 0.0, 500, 1), row(1, 1024, 0.5, 510, 0),
+            {**row(0, 2048, 0.0, 0, 0, 0), "status": "cannot extrapolate"}]
+    table = retrieval.by_distance(rows, edges=(0, 64, 1024))
+    assert table.loc[("alibi", "0-64"), "correct"] == 19 and table.loc[("alibi", "0-64"), "trials"] == 20
+    assert table.loc[("alibi", "64-1024"), "accuracy"] == pytest.approx(1 / 20)
+    low, high = retrieval.wilson(1, 20)
+    assert (table.loc[("alibi", "64-1024"), "ci_low"], table.loc[("alibi", "64-1024"), "ci_high"]) == (low, high)
+    seeds = retrieval.by_seed(rows)
+    assert seeds[("alibi", 512, 0)] == pytest.approx(0.9) and seeds[("alibi", 512, 1)] == pytest.approx(0.1)
+
+
+def test_distance_of_old_content_rows_is_the_windows_geometry():
+    # rows made before the distance column: by_distance recomputes it, and it must equal the windows' own
+    for length, depth in [(128, 0.0), (256, 0.25), (512, 0.5), (1024, 1.0)]:
+        x, y, key, start = retrieval.make_windows(1, length, depth, torch.Generator().manual_seed(0))
+        distance = length - int((y[0] != retrieval.IGNORE).sum()) - int(start[0])
+        rows = [{"encoding": "t5", "strategy": "-", "seed": 0, "eval_len": length, "depth": depth, "status": "ok",
+                 "correct": 1, "trials": 1}]
+        table = retrieval.by_distance(rows, edges=(distance, distance + 1))
+        assert len(table) == 1 and table["trials"].iloc[0] == 1
