@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -79,6 +79,12 @@ results-context: env
 	$(PY) -m posenc_lab context --preset context-cpu --run runs/article-cpu --out runs/context-cpu
 	rm -rf results/context-cpu && mkdir -p results/context-cpu && \
 	  cp -r runs/context-cpu/config.json runs/context-cpu/*.csv runs/context-cpu/*.json runs/context-cpu/units results/context-cpu/
+
+# what today's models run (chapter 12): seven variants and plain RoPE (with Llama 3's scaling) with article-cpu's
+# recipe, three seeds each (about 2 hours 15 minutes on two quiet cores)
+results-variants: env
+	$(PY) -m posenc_lab run --preset variants-cpu --out runs/variants-cpu
+	$(call commit_run,variants-cpu,documents.csv)
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env

@@ -316,3 +316,18 @@ def test_new_variants_are_variants():
     for name, parent in [("rope-b500", "rope"), ("rope-b500k", "rope"), ("rope-nope", "rope"),
                          ("rope-random", "rope"), ("learned-random", "learned")]:
         assert ENCODINGS[name].variant_of == parent and name not in PRIMARY
+
+
+def test_the_variants_preset_is_article_cpu_with_the_variants_and_llama3_on_every_rope_seed():
+    from dataclasses import asdict
+
+    from posenc_lab import encodings, experiment
+
+    variants, article = experiment.preset("variants-cpu"), experiment.preset("article-cpu")
+    same = ("n_layer", "n_head", "d_model", "train_len", "steps", "batch_size", "lr", "warmup", "eval_lengths",
+            "eval_tokens", "stride", "sliding", "seeds")
+    assert {k: asdict(variants)[k] for k in same} == {k: asdict(article)[k] for k in same}
+    assert "rope" in variants.encodings and "llama3" in variants.strategies and "none" in variants.strategies
+    for name in variants.encodings:
+        assert name in encodings.ENCODINGS, name
+    assert not variants.finetune  # nothing fine-tuned: the strategies are applied to the trained models
