@@ -66,7 +66,7 @@ results-retrieval: env
 	$(call commit_run,retrieval-cpu)
 
 # the two retrieval tasks that need positions (chapter 9): five digits in order, the named key among distractors;
-# the article's encodings, three seeds each (about 35 minutes each on two quiet cores)
+# the article's encodings, three seeds each, 4,000 steps (about 75 minutes each on two quiet cores)
 results-tasks: env
 	for task in digits multikey; do $(PY) -m posenc_lab retrieval --preset retrieval-$$task-cpu --out runs/retrieval-$$task-cpu && \
 	  rm -rf results/retrieval-$$task-cpu && mkdir -p results/retrieval-$$task-cpu && \
