@@ -398,12 +398,18 @@ def frame(rows):
     return results_frame(rows)
 
 
+#: the exact match at the training length, at the end of training, from which a model counts as having learned its
+#: task: below it, what it does past the training length says nothing about extrapolation
+LEARNED = 0.95
+
+
 def by_length(rows):
-    """Exact-match accuracy per label and length, pooled over depths (all trials of a length), with its
-    Wilson 95 % interval: a DataFrame indexed by ``(label, eval_len)``."""
+    """Exact-match accuracy per label and length, pooled over depths and seeds (all trials of a length), with its
+    Wilson 95 % interval: a DataFrame indexed by ``(label, eval_len)``; ``train_accuracy`` is the lowest over the
+    seeds (a label counts as learned when every seed learned its task, :data:`LEARNED`)."""
     df = frame(rows)
     pooled = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
-                                                   status=("status", "first"), train_accuracy=("train_accuracy", "first"))
+                                                   status=("status", "first"), train_accuracy=("train_accuracy", "min"))
     pooled["accuracy"] = pooled["correct"] / pooled["trials"].where(pooled["trials"] > 0)
     intervals = [wilson(int(c), int(t)) for c, t in zip(pooled["correct"], pooled["trials"])]
     pooled["ci_low"], pooled["ci_high"] = zip(*intervals) if intervals else ((), ())
@@ -444,7 +450,8 @@ def by_seed(rows):
 
 
 def markdown_table(rows) -> str:
-    """Exact match per encoding (rows) and length (columns), pooled over depths, ``accuracy [low, high]``."""
+    """Exact match per encoding (rows) and length (columns), pooled over depths and seeds, ``accuracy [low, high]``;
+    a label some seed of which did not learn its task (:data:`LEARNED`) is marked so in its first column."""
     table = by_length(rows)
     lengths = sorted(table.index.get_level_values("eval_len").unique())
     lines = ["| exact match, pooled over depths [95 % interval] | " + " | ".join(map(str, lengths)) + " |",
@@ -459,7 +466,9 @@ def markdown_table(rows) -> str:
                 cells.append("cannot extrapolate")
             else:
                 cells.append(f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        learned = table.loc[name]["train_accuracy"].min()
+        mark = f" (not learned: {learned:.2f} at the end of training)" if learned < LEARNED else ""
+        lines.append(f"| {name}{mark} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -196,3 +196,17 @@ def test_distance_of_old_content_rows_is_the_windows_geometry():
                  "correct": 1, "trials": 1}]
         table = retrieval.by_distance(rows, edges=(distance, distance + 1))
         assert len(table) == 1 and table["trials"].iloc[0] == 1
+
+
+def test_a_label_whose_seeds_did_not_all_learn_the_task_is_marked():
+    def row(seed, length, train_accuracy, correct):
+        return {"encoding": "nope", "strategy": "-", "seed": seed, "eval_len": length, "depth": 0.5, "status": "ok",
+                "correct": correct, "trials": 10, "train_accuracy": train_accuracy}
+
+    rows = [row(0, 128, 1.0, 10), row(1, 128, 0.89, 8), row(0, 256, 1.0, 9), row(1, 256, 0.89, 3)]
+    table = retrieval.by_length(rows)
+    assert table.loc[("nope", 128), "train_accuracy"] == 0.89  # the lowest seed, not the first
+    assert table.loc[("nope", 256), "accuracy"] == pytest.approx(12 / 20)
+    text = retrieval.markdown_table(rows)
+    assert "| nope (not learned: 0.89 at the end of training) |" in text
+    assert "not learned" not in retrieval.markdown_table([row(0, 128, 0.96, 10)])
