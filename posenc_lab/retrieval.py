@@ -7,10 +7,13 @@ Three tasks, each a small model trained on it alone at the training length (``ta
   letters; the question ``?`` asks for them **in order**. The first digit is found by its class,
   but the next ones must be copied from the position after the previous one (a digit can repeat in
   the key), the byte-level form of Mohtashami & Jaggi's (2023) "the pass key is 71432".
-* ``multikey``: several named keys of the same kind (``K=48213;``, names distinct upper-case
+* ``multikey``: several named keys of the same kind (``K48213;``, names distinct upper-case
   letters, the asked one at the chosen depth, the others at random places), and the question
-  ``?K=`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
-  must be told from distractors of the same kind, then copied in order.
+  ``?K`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
+  must be told from distractors of the same kind, then copied in order. (The name is followed by
+  the digits directly: with ``K=48213;`` and ``?K=`` the first digit needs a match of two bytes,
+  ``K=``, and a 2-layer model did not learn the task in 4,000 steps; with one byte it is found as
+  the digits task's first digit is, by a single look-up.)
 
 The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
 encoding can learn it from scratch at the training length on a CPU):
@@ -79,7 +82,7 @@ def _digit_windows(n, length, depth, generator, task):
     if task == "digits":
         needle_len, ask_len = DIGITS_LEN, 1
     else:
-        needle_len, ask_len = DIGITS_LEN + 3, 3  # "K=48213;" and "?K="
+        needle_len, ask_len = DIGITS_LEN + 2, 2  # "K48213;" and "?K"
     haystack = length + 1 - ask_len - DIGITS_LEN
     slots = MULTIKEYS if task == "multikey" else 1
     if haystack < 2 * slots * needle_len:
@@ -97,8 +100,8 @@ def _digit_windows(n, length, depth, generator, task):
         seq[:, haystack] = QUESTION
     else:
         names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:MULTIKEYS]] for _ in range(n)])  # n K
-        eq, semi = torch.full((n, 1), ord("=")), torch.full((n, 1), ord(";"))
-        _place(seq, rows, start, torch.cat([names[:, :1], eq, key, semi], 1))
+        semi = torch.full((n, 1), ord(";"))
+        _place(seq, rows, start, torch.cat([names[:, :1], key, semi], 1))
         for i in range(n):  # the distractors: other names, other digits, never overlapping a needle
             taken = [(int(start[i]), int(start[i]) + needle_len)]
             for k in range(1, MULTIKEYS):
@@ -110,10 +113,9 @@ def _digit_windows(n, length, depth, generator, task):
                 other = key[i]
                 while torch.equal(other, key[i]):  # a distractor's digits always differ from the asked key's
                     other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
-                seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], eq[0], other, semi[0]])
+                seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], other, semi[0]])
         seq[:, haystack] = QUESTION
         seq[:, haystack + 1] = names[:, 0]
-        seq[:, haystack + 2] = ord("=")
     seq[:, length + 1 - DIGITS_LEN :] = key
     inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
     targets[:, : length - DIGITS_LEN] = IGNORE
@@ -128,7 +130,7 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
     Layout of the ``length + 1`` bytes (``content``): haystack (``length - 4`` bytes, passkey inside it), ``?``,
     the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
     it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
-    haystack with four named keys, ``?``, the asked name, ``=``, its five digits; ``depth`` places the
+    haystack with four named keys, ``?``, the asked name, its five digits; ``depth`` places the
     asked needle the same way.
     """
     if task not in TASKS:

@@ -134,15 +134,16 @@ def test_multikey_task_has_distractors_of_the_same_kind_that_differ_from_the_ask
     x, y, key, start = retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(4), "multikey")
     for row in range(n):
         text = bytes(x[row].tolist()) + bytes([int(y[row, -1])])
-        body, asked = text[:-8], text[-8:]
-        assert asked[:1] == b"?" and asked[2:3] == b"=" and asked[3:] == bytes(key[row].tolist())
-        needles = [(m.start(), m.group()) for m in __import__("re").finditer(rb"[A-Z]=[0-9]{5};", body)]
+        body, asked = text[:-7], text[-7:]
+        assert asked[:1] == b"?" and asked[2:] == bytes(key[row].tolist())
+        needles = [(m.start(), m.group()) for m in __import__("re").finditer(rb"[A-Z][0-9]{5};", body)]
         assert len(needles) == retrieval.MULTIKEYS
         names = [b[:1] for _, b in needles]
         assert len(set(names)) == retrieval.MULTIKEYS and asked[1:2] in names
         at, needle = next((a, b) for a, b in needles if b[:1] == asked[1:2])
-        assert at == int(start[row]) and needle[2:7] == asked[3:]
-        assert all(b[2:7] != asked[3:] for _, b in needles if b[:1] != asked[1:2])
+        assert at == int(start[row]) and needle[1:6] == asked[2:]
+        assert all(b[1:6] != asked[2:] for _, b in needles if b[:1] != asked[1:2])
+        assert body.count(asked[1:2]) == 1  # the name occurs once before the question: one look-up finds it
         assert (y[row, :-5] == IGNORE).all()
 
 
@@ -167,7 +168,7 @@ def test_task_names_and_config_identity():
         retrieval.RetrievalSpec(task="needle")
     assert "task" not in retrieval.RetrievalSpec().to_dict()  # the runs made before the new tasks keep their config
     assert retrieval.RetrievalSpec(task="digits").to_dict()["task"] == "digits"
-    with pytest.raises(PosencError, match="window needs at least 71 bytes"):
+    with pytest.raises(PosencError, match="window needs at least 62 bytes"):
         retrieval.make_windows(2, 30, 0.0, torch.Generator(), "multikey")
 
 
