@@ -11,9 +11,10 @@ Three tasks, each a small model trained on it alone at the training length (``ta
   letters, the asked one at the chosen depth, the others at random places), and the question
   ``?K`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
   must be told from distractors of the same kind, then copied in order. (The name is followed by
-  the digits directly: with ``K=48213;`` and ``?K=`` the first digit needs a match of two bytes,
-  ``K=``, and a 2-layer model did not learn the task in 4,000 steps; with one byte it is found as
-  the digits task's first digit is, by a single look-up.)
+  the digits directly, so that one look-up of the name finds the key; the first form, ``K=48213;``
+  asked as ``?K=``, needed a match of two bytes. Neither form was learned by the 2-layer model in
+  4,000 steps in single pilot units: the task still needs a design or model that learns it at the
+  training length before its run is made.)
 
 The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
 encoding can learn it from scratch at the training length on a CPU):
