@@ -390,15 +390,18 @@ def _load_run(spec: ContextSpec):
     """``(config, model loader)`` of the spec's run: a folder, else a committed run's name."""
     from . import results
 
-    folder = Path(spec.run)
-    if (folder / "config.json").is_file():
-        config = json.loads((folder / "config.json").read_text())
-        return config, lambda enc, seed, **o: results.model_from_run(folder, enc, seed=seed, **o)
-    if spec.run in results.RUNS:
-        _, _, config = results.load_config_only(spec.run)
+    def checked(config):
         if "corpus" not in config or "trained" in config:  # a retrieval run has no corpus, a context run "trained"
             raise PosencError(f"{spec.run!r} is not a language-model run (python -m posenc_lab run): it has no "
                               "trained models to measure")
+        return config
+
+    folder = Path(spec.run)
+    if (folder / "config.json").is_file():
+        config = checked(json.loads((folder / "config.json").read_text()))
+        return config, lambda enc, seed, **o: results.model_from_run(folder, enc, seed=seed, **o)
+    if spec.run in results.RUNS:
+        config = checked(results.load_config_only(spec.run)[2])
         return config, lambda enc, seed, **o: results.model(spec.run, enc, seed=seed, **o)
     raise PosencError(f"{spec.run!r} is neither a run folder (with config.json) nor a committed run "
                       f"({', '.join(results.RUNS)})")
@@ -557,7 +560,8 @@ def gain_table(rows) -> "pandas.DataFrame":
 def passkey_table(rows) -> "pandas.DataFrame":
     """Per label and length: exact match pooled over depths and seeds (Wilson 95 % interval), the per-digit and
     first-digit accuracy, the choice accuracy (argmax over the ten digits; NaN for runs made before it was
-    measured), and the mean distance from the planted digits to the question."""
+    measured; over the rows that measured it only, counted in ``choice_trials``), and the mean distance from the
+    planted digits to the question."""
     import pandas as pd
 
     from .retrieval import wilson
@@ -567,22 +571,26 @@ def passkey_table(rows) -> "pandas.DataFrame":
     df["first_hits"] = df["first_digit_accuracy"] * df["trials"]
     if "choice_accuracy" not in df:  # runs made before the column existed
         df["choice_accuracy"] = math.nan
-    df["choice_hits"] = df["choice_accuracy"] * df["trials"]
+    measured = df["choice_accuracy"].notna()
+    df["choice_hits"] = (df["choice_accuracy"] * df["trials"]).where(measured, 0.0)
+    df["choice_trials"] = df["trials"].where(measured, 0)  # a unit made before the column counts for nothing
     g = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
                                               digit_hits=("digit_hits", "sum"), first_hits=("first_hits", "sum"),
-                                              choice_hits=("choice_hits", lambda x: x.sum(min_count=1)),
+                                              choice_hits=("choice_hits", "sum"), choice_trials=("choice_trials", "sum"),
                                               status=("status", "first"), distance=("distance_mean", "mean"))
     g["accuracy"] = g["correct"] / g["trials"].where(g["trials"] > 0)
     g["digit_accuracy"] = g["digit_hits"] / g["trials"].where(g["trials"] > 0)
     g["first_digit_accuracy"] = g["first_hits"] / g["trials"].where(g["trials"] > 0)
-    g["choice_accuracy"] = g["choice_hits"] / g["trials"].where(g["trials"] > 0)
+    g["choice_accuracy"] = g["choice_hits"] / g["choice_trials"].where(g["choice_trials"] > 0)
     intervals = [wilson(int(c), int(t)) for c, t in zip(g["correct"], g["trials"])]
     g["ci_low"], g["ci_high"] = zip(*intervals) if intervals else ((), ())
-    return g.drop(columns=["digit_hits", "first_hits", "choice_hits"])
+    return g.drop(columns=["digit_hits", "first_hits", "choice_hits"])  # choice_trials: how many were measured
 
 
 def _per_seed(df, label, length, column):
     mine = df[(df["label"] == label) & (df["eval_len"] == length)]
+    if mine["seed"].duplicated().any():
+        raise PosencError(f"{label} at {length} has more than one row for a seed: rows of two runs mixed?")
     return mine.set_index("seed")[column]
 
 
@@ -595,9 +603,11 @@ def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: 
     * ``beats the window``: its loss with full attention is below ``baseline``'s loss with attention limited to
       the reach: for ``rope/none``, RoPE as trained, never looking further back than it was trained to
       (the baseline an extrapolation strategy must beat; for ``baseline``'s own row the two verdicts agree).
+      For another encoding it compares two trained models, paired by seed (they saw the same batches), so
+      the verdict also carries the difference the two already have at the training length.
 
     Columns: ``far_loss_full``, ``far_loss_reach`` (means over seeds), ``window`` (the baseline's limited
-    loss), the two verdicts and ``seeds``."""
+    loss), the two verdicts and ``seeds`` (the seeds paired with the baseline, or the label's own)."""
     import pandas as pd
 
     from . import report as rep
@@ -613,9 +623,10 @@ def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: 
         full, reach = _per_seed(df, label, length, "far_loss_full"), _per_seed(df, label, length, "far_loss_reach")
         uses = rep.verdict([rep.compare_paired(full, reach, alpha=alpha)], "<")
         beats = "no baseline" if window is None else rep.verdict([rep.compare_paired(full, window, alpha=alpha)], "<")
+        paired = len(full) if window is None else len(full.index.intersection(window.index))
         out.append({"label": label, "far_loss_full": full.mean(), "far_loss_reach": reach.mean(),
                     "window": math.nan if window is None else window.mean(), "uses the far context": uses,
-                    "beats the window": beats, "seeds": len(full)})
+                    "beats the window": beats, "seeds": paired})
     return pd.DataFrame(out).set_index("label")
 
 
@@ -641,8 +652,10 @@ def report(out: Path | str) -> str:
         if len({r["seed"] for r in gains}) < 2:
             break
         table = windowed_verdicts(gains, length)
-        lines += ["", f"at {length}: does each model use the far context, and does it beat RoPE limited to "
-                  f"{first['reach']} keys (rope/none's far loss {table['window'].iloc[0]:.3f})? (paired t-tests over seeds)",
+        question = (f"does each model use the far context, and does it beat RoPE limited to {first['reach']} keys "
+                    f"(rope/none's far loss {table['window'].iloc[0]:.3f})?" if table["window"].notna().any()
+                    else "does each model use the far context? (no rope/none rows: no windowed baseline)")
+        lines += ["", f"at {length}: {question} (paired t-tests over seeds)",
                   "", "| label | uses the far context | beats the window |", "|---|---|---|"]
         lines += [f"| {label} | {r['uses the far context']} | {r['beats the window']} |" for label, r in table.iterrows()]
     lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [95 % interval]:", "",

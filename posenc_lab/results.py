@@ -29,7 +29,8 @@ RUNS = {
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
-                   "past 512 bytes, a passkey in Python, streams with and without attention sinks",
+                   "past 512 bytes, a passkey in Python (made before the choice among digits was recorded), streams "
+                   "with and without attention sinks",
 }
 #: the tables of a context run (``python -m posenc_lab context``); every other run has ``results.json``
 CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")
@@ -63,6 +64,9 @@ def _read_json(node):
 def load(name: str) -> tuple[list[dict], list[dict], dict]:
     """Rows, unit records and config of a committed run, as :func:`report.load` returns them for a run folder."""
     node = folder(name)
+    if not (node / "results.json").is_file() and (node / CONTEXT_TABLES[0]).is_file():
+        raise PosencError(f"{name!r} is a context run: read its tables with results.rows({name!r}) or "
+                          f"results.read_json({name!r}, 'gain.json')")
     rows = _read_json(node / "results.json")
     units_dir = node / "units"
     units = [_read_json(p) for p in sorted(units_dir.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")]

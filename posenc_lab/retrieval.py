@@ -266,7 +266,8 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                             steps=4000, trials=100,
                                             notes="the named key among three distractors of the same kind, trained at "
                                                   "128 bytes for 4,000 steps, judged at 1x to 8x, the article's "
-                                                  "encodings, three seeds; about 75 minutes"),
+                                                  "encodings, three seeds; about 75 minutes. Not yet learned at the "
+                                                  "training length in pilots (pending/pilots): redesign first"),
 }
 
 
@@ -389,8 +390,8 @@ def describe_task(task: str = "content") -> dict:
                 "answer_bytes": KEY_LEN}
     described = {"task": task, "filler": FILLER.tolist(), "slots": [DIGITS.tolist()] * DIGITS_LEN,
                  "question": QUESTION, "answer_bytes": DIGITS_LEN}
-    if task == "multikey":
-        described.update(names=NAMES.tolist(), keys=MULTIKEYS)
+    if task == "multikey":  # the form is recorded: a folder made with the first form (K=48213;, ?K=) is refused
+        described.update(names=NAMES.tolist(), keys=MULTIKEYS, needle="K48213;", question="?K")
     return described
 
 
@@ -424,16 +425,20 @@ def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
     lengths, depths and seeds, with its Wilson 95 % interval: a DataFrame indexed by ``(label, distance)``, where
     ``distance`` is the bin ``[a, b)`` of ``edges`` (bytes) that each grid cell's distance falls in. It separates
     "far from the question" from "long window": an encoding that fails by distance fails at the same distance
-    in every window; one that fails by length fails near the question too."""
+    in every window; one that fails by length fails near the question too. The last bin is open (distances past
+    the last edge fall in it). The intervals count windows, pooled over seeds: they say how precisely these
+    models' accuracy is known, not how another seed would do (:func:`by_seed`)."""
     import pandas as pd
 
     df = frame(rows)
     df = df[df["status"] == "ok"].copy()
     if "distance" not in df:  # runs of the content task made before the column existed: the same geometry
+        if "task" in df and set(df["task"].dropna()) - {"content"}:
+            raise PosencError("rows of the digits or multikey task without a distance column: re-run them")
         last = df["eval_len"] - 2 * KEY_LEN
         df["distance"] = df["eval_len"] - KEY_LEN - (df["depth"] * last).round().astype(int)
-    labels = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])]
-    df["distance_bin"] = pd.cut(df["distance"], bins=list(edges), right=False, labels=labels)
+    labels = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])] + [f"{edges[-1]}+"]
+    df["distance_bin"] = pd.cut(df["distance"], bins=[*edges, math.inf], right=False, labels=labels)
     pooled = df.groupby(["label", "distance_bin"], observed=True).agg(correct=("correct", "sum"),
                                                                        trials=("trials", "sum"))
     pooled = pooled[pooled["trials"] > 0]
@@ -445,7 +450,8 @@ def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
 
 def by_seed(rows):
     """Exact-match accuracy per label, length and seed (pooled over depths): the samples a comparison of
-    encodings rests on, since windows scored by one trained model are not independent of each other's model."""
+    encodings rests on, since windows scored by the same trained model are not independent samples of the
+    encoding."""
     df = frame(rows)
     df = df[df["status"] == "ok"]
     g = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
@@ -457,7 +463,7 @@ def markdown_table(rows) -> str:
     a label some seed of which did not learn its task (:data:`LEARNED`) is marked so in its first column."""
     table = by_length(rows)
     lengths = sorted(table.index.get_level_values("eval_len").unique())
-    lines = ["| exact match, pooled over depths [95 % interval] | " + " | ".join(map(str, lengths)) + " |",
+    lines = ["| exact match, pooled over depths and seeds [95 % interval] | " + " | ".join(map(str, lengths)) + " |",
              "|---" * (len(lengths) + 1) + "|"]
     for name in sorted(table.index.get_level_values("label").unique()):
         cells = []
@@ -470,7 +476,8 @@ def markdown_table(rows) -> str:
             else:
                 cells.append(f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
         learned = table.loc[name]["train_accuracy"].min()
-        mark = f" (not learned: {learned:.2f} at the end of training)" if learned < LEARNED else ""
+        mark = (" (training accuracy unknown)" if math.isnan(learned) else
+                f" (not learned: {learned:.2f} at the end of training)" if learned < LEARNED else "")
         lines.append(f"| {name}{mark} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -1,6 +1,7 @@
 """Does the model use the context past its training length: the gain and the passkey in Python (issue 23)."""
 
 import ast
+import math
 
 import pytest
 import torch
@@ -198,6 +199,7 @@ def test_context_runner_end_to_end_and_resumes(tmp_path):
             assert r["digit_accuracy"] <= r["choice_accuracy"] + 1e-12 <= 1 + 1e-12
     header = (tmp_path / "context" / "gain.csv").read_text().splitlines()[0].split(",")
     assert header == cx.GAIN_COLUMNS
+    assert (tmp_path / "context" / "passkey.csv").read_text().splitlines()[0].split(",") == cx.PASSKEY_COLUMNS
     text = cx.report(tmp_path / "context")
     assert "| rope/yarn | 128 |" in text and "| learned | 128 | cannot extrapolate" in text
     streams = __import__("json").loads((tmp_path / "context" / "stream.json").read_text())
@@ -337,3 +339,49 @@ def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
     assert (table["seeds"] == 3).all()
     with pytest.raises(PosencError, match="no finished gain rows"):
         cx.windowed_verdicts(rows, 2048)
+
+
+def test_choice_accuracy_counts_only_the_rows_that_measured_it():
+    def row(seed, choice):
+        r = {"encoding": "rope", "strategy": "none", "seed": seed, "eval_len": 512, "depth": 0.5, "status": "ok",
+             "trials": 10, "correct": 0, "digit_accuracy": 0.1, "first_digit_accuracy": 0.0, "distance_mean": 100.0}
+        return r if choice is None else {**r, "choice_accuracy": choice}
+
+    table = cx.passkey_table([row(0, 0.5), row(1, None)])  # seed 1's unit was made before the column existed
+    assert table.loc[("rope/none", 512), "choice_accuracy"] == pytest.approx(0.5)
+    assert table.loc[("rope/none", 512), "choice_trials"] == 10
+    assert math.isnan(cx.passkey_table([row(0, None)]).loc[("rope/none", 512), "choice_accuracy"])
+
+
+def test_windowed_verdicts_pair_by_seed_not_by_order_and_refuse_duplicates():
+    def row(encoding, strategy, seed, full, reach):
+        return {"encoding": encoding, "strategy": strategy, "seed": seed, "eval_len": 1024, "status": "ok",
+                "far_loss_full": full, "far_loss_reach": reach}
+
+    base = {0: 1.60, 1: 1.90, 2: 1.75, 3: 1.70}  # large differences between seeds, small within a seed
+    rows = [row("rope", "none", s, 2.5, base[s]) for s in (0, 1, 2, 3)]
+    rows += [row("nope", "-", s, base[s] - 0.05 - 0.001 * s, base[s] + 0.2) for s in (3, 1, 0)]  # other order
+    table = cx.windowed_verdicts(rows, 1024)
+    assert table.loc["nope", "beats the window"] == "holds"  # only when paired by seed
+    assert table.loc["nope", "seeds"] == 3  # seed 2 has no nope row: three pairs
+    with pytest.raises(PosencError, match="more than one row for a seed"):
+        cx.windowed_verdicts(rows + [row("nope", "-", 1, 1.8, 1.9)], 1024)
+
+
+def test_the_report_of_the_committed_context_run_prints_the_verdicts():
+    from posenc_lab import results
+
+    text = cx.report(results.folder("context-cpu"))
+    assert "at 2048: does each model use the far context, and does it beat RoPE limited to 512 keys" in text
+    assert "| nope | holds | fails |" in text
+    assert "| alibi | 512 | 0.00 [0.00, 0.01] |" in text and "not measured" in text
+    with pytest.raises(PosencError, match="is a context run"):
+        results.load("context-cpu")
+
+
+def test_a_run_folder_without_language_models_is_refused(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"spec": {"train_len": 128}, "task": {}}))
+    with pytest.raises(PosencError, match="not a language-model run"):
+        cx.run(cx.context_preset("context-ci", run=str(tmp_path)), tmp_path / "out", progress=False)

@@ -211,3 +211,25 @@ def test_a_label_whose_seeds_did_not_all_learn_the_task_is_marked():
     text = retrieval.markdown_table(rows)
     assert "| nope (not learned: 0.89 at the end of training) |" in text
     assert "not learned" not in retrieval.markdown_table([row(0, 128, 0.96, 10)])
+
+
+def test_distances_past_the_last_edge_fall_in_an_open_bin_and_unknown_training_is_marked():
+    rows = [{"encoding": "alibi", "strategy": "-", "seed": 0, "eval_len": 4096, "depth": 0.0, "distance": 3000,
+             "status": "ok", "correct": 1, "trials": 10, "train_accuracy": float("nan")}]
+    table = retrieval.by_distance(rows, edges=(0, 64, 2048))
+    assert table.loc[("alibi", "2048+"), "trials"] == 10
+    assert "(training accuracy unknown)" in retrieval.markdown_table(rows)
+    old = [{k: v for k, v in rows[0].items() if k != "distance"} | {"task": "digits"}]
+    with pytest.raises(PosencError, match="without a distance column"):
+        retrieval.by_distance(old)
+
+
+def test_the_multikey_form_is_recorded_with_the_run():
+    described = retrieval.describe_task("multikey")
+    assert described["needle"] == "K48213;" and described["question"] == "?K"
+    x, y, key, start = retrieval.make_windows(1, 96, 0.5, torch.Generator().manual_seed(0), "multikey")
+    window = bytes(x[0].tolist())
+    at = int(start[0])
+    assert window[at + 1 : at + 6] == bytes(key[0].tolist()) and window[at + 6 : at + 7] == b";"
+    # the input ends with the question, the name and the first four digits (the fifth is only a target)
+    assert window[-6:-5] == b"?" and window[-5:-4] == window[at : at + 1] and window[-4:] == window[at + 1 : at + 5]
