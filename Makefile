@@ -70,10 +70,8 @@ results-retrieval: env
 # the article's encodings, three seeds each, 4,000 steps (about 75 minutes per task on two quiet cores)
 TASKS ?= digits
 results-tasks: env
-	for task in $(TASKS); do $(PY) -m posenc_lab retrieval --preset retrieval-$$task-cpu --out runs/retrieval-$$task-cpu && \
-	  rm -rf results/retrieval-$$task-cpu && mkdir -p results/retrieval-$$task-cpu && \
-	  cp -r runs/retrieval-$$task-cpu/config.json runs/retrieval-$$task-cpu/results.* runs/retrieval-$$task-cpu/units \
-	    results/retrieval-$$task-cpu/ || exit 1; done
+	$(foreach task,$(TASKS),$(PY) -m posenc_lab retrieval --preset retrieval-$(task)-cpu --out runs/retrieval-$(task)-cpu && \
+	  $(call commit_run,retrieval-$(task)-cpu) && ) true
 
 # the context experiment on article-cpu's models (chapter 9; inference only, about 45 minutes): needs the weights
 # of every seed in runs/article-cpu/models, which only the machine that trained them has (run results-article first);

@@ -564,7 +564,7 @@ def passkey_table(rows) -> "pandas.DataFrame":
     planted digits to the question."""
     import pandas as pd
 
-    from .retrieval import wilson
+    from .retrieval import with_wilson
 
     df = pd.DataFrame(rows).assign(label=_label)
     df["digit_hits"] = df["digit_accuracy"] * df["trials"]
@@ -582,8 +582,7 @@ def passkey_table(rows) -> "pandas.DataFrame":
     g["digit_accuracy"] = g["digit_hits"] / g["trials"].where(g["trials"] > 0)
     g["first_digit_accuracy"] = g["first_hits"] / g["trials"].where(g["trials"] > 0)
     g["choice_accuracy"] = g["choice_hits"] / g["choice_trials"].where(g["choice_trials"] > 0)
-    intervals = [wilson(int(c), int(t)) for c, t in zip(g["correct"], g["trials"])]
-    g["ci_low"], g["ci_high"] = zip(*intervals) if intervals else ((), ())
+    with_wilson(g)
     return g.drop(columns=["digit_hits", "first_hits", "choice_hits"])  # choice_trials: how many were measured
 
 

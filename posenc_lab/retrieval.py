@@ -402,6 +402,14 @@ def frame(rows):
     return results_frame(rows)
 
 
+def with_wilson(table):
+    """Add ``ci_low`` and ``ci_high``, the Wilson 95 % interval of ``correct`` out of ``trials`` on each row, to
+    the DataFrame ``table`` (in place; also returned)."""
+    intervals = [wilson(int(c), int(t)) for c, t in zip(table["correct"], table["trials"])]
+    table["ci_low"], table["ci_high"] = zip(*intervals) if intervals else ((), ())
+    return table
+
+
 #: the exact match at the training length, at the end of training, from which a model counts as having learned its
 #: task: below it, what it does past the training length says nothing about extrapolation
 LEARNED = 0.95
@@ -415,8 +423,7 @@ def by_length(rows):
     pooled = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
                                                    status=("status", "first"), train_accuracy=("train_accuracy", "min"))
     pooled["accuracy"] = pooled["correct"] / pooled["trials"].where(pooled["trials"] > 0)
-    intervals = [wilson(int(c), int(t)) for c, t in zip(pooled["correct"], pooled["trials"])]
-    pooled["ci_low"], pooled["ci_high"] = zip(*intervals) if intervals else ((), ())
+    with_wilson(pooled)
     return pooled
 
 
@@ -443,8 +450,7 @@ def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
                                                                        trials=("trials", "sum"))
     pooled = pooled[pooled["trials"] > 0]
     pooled["accuracy"] = pooled["correct"] / pooled["trials"]
-    intervals = [wilson(int(c), int(t)) for c, t in zip(pooled["correct"], pooled["trials"])]
-    pooled["ci_low"], pooled["ci_high"] = zip(*intervals) if intervals else ((), ())
+    with_wilson(pooled)
     return pooled.rename_axis(["label", "distance"])
 
 
