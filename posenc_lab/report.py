@@ -460,12 +460,16 @@ def claims(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> 
     return out
 
 
-def claims_text(rows, mode: str, *, judged_len: int = 2048, width: int = 76) -> str:
-    """:func:`claims` as plain text wrapped at ``width``, the decision rule first."""
-    lines = textwrap.wrap(f"decision rule: {RULE}", width) + [""]
+def claims_text(rows, mode: str, *, judged_len: int = 2048, width: int = 76, rule: bool = True,
+                criteria: bool = True) -> str:
+    """:func:`claims` as plain text wrapped at ``width``: the decision rule first (unless ``rule=False``), then each
+    claim with its criterion (unless ``criteria=False``, for a second mode of claims already printed), the
+    numbers measured and the verdicts."""
+    lines = textwrap.wrap(f"decision rule: {RULE}", width) + [""] if rule else []
     for c in claims(rows, mode, judged_len=judged_len):
         lines += textwrap.wrap(c["claim"], width, subsequent_indent="   ")
-        for name, text in (("criterion", c["criterion"]), (f"measured ({mode})", c["numbers"])):
+        parts = ([("criterion", c["criterion"])] if criteria else []) + [(f"measured ({mode})", c["numbers"])]
+        for name, text in parts:
             lines += textwrap.wrap(f"{name}: {text}", width, initial_indent="  ", subsequent_indent="    ")
         for part, v in c["verdicts"].items():
             lines += textwrap.wrap(f"verdict, {part}: {v}", width, initial_indent="  ", subsequent_indent="    ")
@@ -601,6 +605,24 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
     kept = table[~unjudged]
     kept.attrs["left out"] = list(table.index[unjudged])  # no data at any budget: named, not hidden
     return kept
+
+
+def budget_spread(checkpoints, labels) -> pd.DataFrame:
+    """Is the gap between ``labels`` at the training length still closing? One row per checkpoint
+    (``tokens (M)``): each label's perplexity there (``exp`` of its seed-mean loss, non-overlapping windows
+    at the training length, as :func:`budget_extrapolation` fits it) and ``spread``, ``max/min - 1`` over
+    the labels. Checkpoints that lack one of the labels are left out."""
+    df = budget_frame(checkpoints)
+    train = int(df["train_len"].iloc[0])
+    short = df[(df.eval_len == train) & (df.eval_mode == "nonoverlapping") & df.label.isin(labels)]
+    missing = sorted(set(labels) - set(short.label))
+    if missing:
+        raise PosencError(f"no checkpoint evaluations at the training length for {', '.join(missing)}")
+    table = np.exp(short.groupby(["tokens_seen", "label"])["loss"].mean().unstack()[list(labels)].dropna())
+    table["spread"] = table.max(axis=1) / table.min(axis=1) - 1
+    table.index = pd.Index(table.index / 1e6, name="tokens (M)")
+    table.columns.name = None
+    return table
 
 
 def _power_law(tokens, floor, scale, exponent):

@@ -25,6 +25,8 @@ RUNS = {
     "cpu": "make results-cpu: 4 layers, trained at 128 bytes, one seed, evaluated to 16x",
     "cpu-finetune": "make results-cpu: RoPE fine-tuned briefly at 4x with pi, ntk and yarn",
     "article-cpu": "make results-article: the article's lengths (trained at 512, judged at 2048), three seeds",
+    "article-long": "make results-long: the article's five encodings with article-cpu's model and recipe and four "
+                    "times its training tokens, three seeds",
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",

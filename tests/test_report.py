@@ -196,6 +196,10 @@ def test_one_seed_resolves_nothing_but_reports_the_direction():
 def test_claims_text_prints_the_rule_with_the_verdicts():
     text = report.claims_text(rows_from(ARTICLE_WORLD, seeds=(0, 1)), "nonoverlapping", judged_len=512)
     assert text.startswith("decision rule: Seeds are the samples.") and "verdict, b (most stable): holds" in text
+    short = report.claims_text(rows_from(ARTICLE_WORLD, seeds=(0, 1)), "nonoverlapping", judged_len=512,
+                               rule=False, criteria=False)
+    assert "decision rule" not in short and "criterion:" not in short and "criterion:" in text
+    assert [l for l in text.splitlines() if "verdict," in l] == [l for l in short.splitlines() if "verdict," in l]
 
 
 def test_nothing_to_compare_is_no_data_not_a_verdict():
@@ -343,6 +347,24 @@ def test_budget_extrapolation_says_never_when_the_floors_differ_by_more_than_the
         report.budget_extrapolation(_power_law_rows(laws), ["alibi"])
     with pytest.raises(PosencError, match="a three-parameter fit needs at least 4"):
         report.budget_extrapolation(_power_law_rows(laws, steps=(100, 200, 300)), ["t5"])
+
+
+def test_budget_spread_follows_the_gap_checkpoint_by_checkpoint():
+    laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.02, 1.5, 0.45)}
+    rows = _power_law_rows(laws)
+    table = report.budget_spread(rows, ["rope/none", "t5"])
+    assert list(table.columns) == ["rope/none", "t5", "spread"] and len(table) == 8
+    for t, row in table.iterrows():  # by hand: exp of each law at t, then max/min - 1
+        rope, t5 = math.exp(1.0 + 0.6 * t ** -0.5), math.exp(1.02 + 1.5 * t ** -0.45)
+        assert row["rope/none"] == pytest.approx(rope) and row["t5"] == pytest.approx(t5)
+        assert row["spread"] == pytest.approx(max(rope, t5) / min(rope, t5) - 1)
+    assert table["spread"].is_monotonic_decreasing  # t5's larger scale decays: the gap closes
+    out = report.budget_extrapolation(rows, ["rope/none", "t5"])
+    assert table["spread"].iloc[-1] == pytest.approx(out["gap_now"])
+    without = [r for r in rows if not (r["encoding"] == "t5" and r["step"] == 700)]
+    assert len(report.budget_spread(without, ["rope/none", "t5"])) == 7  # a checkpoint lacking a label is left out
+    with pytest.raises(PosencError, match="for alibi"):
+        report.budget_spread(rows, ["alibi", "t5"])
 
 
 def test_direction_reads_what_a_verdict_says():
