@@ -529,6 +529,30 @@ def spread_at_training_length(rows, labels, *, mode: str = "nonoverlapping") -> 
     return {"means": means, "spread": max(means.values()) / min(means.values()) - 1, "train_len": train}
 
 
+def versus(rows, pairs, *, mode: str, lengths=None, metric: str = "perplexity", alpha: float = ALPHA) -> pd.DataFrame:
+    """Label A against label B at each length, under :data:`RULE`'s test (:func:`compare_design`: paired over the
+    seeds both have when they have the same seeds). ``pairs`` is a list of ``(a, b)`` labels; ``lengths``
+    defaults to every length both were evaluated at in ``mode``. One row per pair and length: ``a``, ``b``,
+    ``eval_len``, the seed means ``mean a`` and ``mean b``, ``relative`` (``(a - b) / b`` of the means), the
+    test's ``p`` and ``test`` (paired, welch), and ``sign``: ``<`` or ``>`` where the difference is resolved at
+    ``alpha``, ``~`` where it is not. A difference, not a claim: which direction a paper predicts is for the
+    caller to say (:func:`verdict`)."""
+    df = frame(rows)
+    records = []
+    for a, b in pairs:
+        missing = [name for name in (a, b) if not (df.label == name).any()]
+        if missing:
+            raise PosencError(f"no rows for {', '.join(missing)}")
+        shared = set(df.loc[(df.eval_mode == mode) & (df.label == a), "eval_len"]) & set(
+            df.loc[(df.eval_mode == mode) & (df.label == b), "eval_len"])
+        for n in sorted(shared if lengths is None else shared & set(lengths)):
+            va, vb = seed_values(df, mode, a, n, metric), seed_values(df, mode, b, n, metric)
+            c = compare_design(va, vb, alpha=alpha)
+            records.append({"a": a, "b": b, "eval_len": n, "mean a": float(va.mean()), "mean b": float(vb.mean()),
+                            "relative": c.relative, "p": c.p, "test": c.kind, "sign": c.sign})
+    return pd.DataFrame(records, columns=["a", "b", "eval_len", "mean a", "mean b", "relative", "p", "test", "sign"])
+
+
 #: the rows of the README's headline tables, in the order of the registry
 HEADLINE_LABELS = ("nope", "sinusoidal", "learned", "rope/none", "rope/pi", "rope/ntk", "rope/dynamic-ntk", "rope/yarn",
                    "xpos", "alibi", "t5", "kerple", "fire")
@@ -607,18 +631,24 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
     return kept
 
 
-def budget_spread(checkpoints, labels) -> pd.DataFrame:
-    """Is the gap between ``labels`` at the training length still closing? One row per checkpoint
-    (``tokens (M)``): each label's perplexity there (``exp`` of its seed-mean loss, non-overlapping windows
-    at the training length, as :func:`budget_extrapolation` fits it) and ``spread``, ``max/min - 1`` over
-    the labels. Checkpoints that lack one of the labels are left out."""
+def _training_length_losses(checkpoints, labels) -> pd.DataFrame:
+    """Seed-mean loss (nats) at the training length, non-overlapping windows: one row per checkpoint
+    (``tokens_seen``), one column per label in ``labels``' order; NaN where a checkpoint lacks a label."""
     df = budget_frame(checkpoints)
     train = int(df["train_len"].iloc[0])
     short = df[(df.eval_len == train) & (df.eval_mode == "nonoverlapping") & df.label.isin(labels)]
     missing = sorted(set(labels) - set(short.label))
     if missing:
         raise PosencError(f"no checkpoint evaluations at the training length for {', '.join(missing)}")
-    table = np.exp(short.groupby(["tokens_seen", "label"])["loss"].mean().unstack()[list(labels)].dropna())
+    return short.groupby(["tokens_seen", "label"])["loss"].mean().unstack()[list(labels)].sort_index()
+
+
+def budget_spread(checkpoints, labels) -> pd.DataFrame:
+    """Is the gap between ``labels`` at the training length still closing? One row per checkpoint
+    (``tokens (M)``): each label's perplexity there (``exp`` of its seed-mean loss, non-overlapping windows
+    at the training length, as :func:`budget_extrapolation` fits it) and ``spread``, ``max/min - 1`` over
+    the labels. Checkpoints that lack one of the labels are left out."""
+    table = np.exp(_training_length_losses(checkpoints, labels).dropna())
     table["spread"] = table.max(axis=1) / table.min(axis=1) - 1
     table.index = pd.Index(table.index / 1e6, name="tokens (M)")
     table.columns.name = None
@@ -646,17 +676,11 @@ def budget_extrapolation(checkpoints, labels, *, within: float = 0.10, horizon: 
     """
     from scipy.optimize import curve_fit
 
-    df = budget_frame(checkpoints)
-    train = int(df["train_len"].iloc[0])
-    short = df[(df.eval_len == train) & (df.eval_mode == "nonoverlapping") & df.label.isin(labels)]
-    missing = sorted(set(labels) - set(short.label))
-    if missing:
-        raise PosencError(f"no checkpoint evaluations at the training length for {', '.join(missing)}")
-    curves = short.groupby(["label", "tokens_seen"])["loss"].mean().reset_index()
+    curves = _training_length_losses(checkpoints, labels)
     fits, last_t = [], 0.0
     for name in labels:
-        c = curves[curves.label == name].sort_values("tokens_seen")
-        t, y = c["tokens_seen"].to_numpy() / 1e6, c["loss"].to_numpy()
+        c = curves[name].dropna()
+        t, y = c.index.to_numpy() / 1e6, c.to_numpy()
         if len(t) < 4:
             raise PosencError(f"{name} has {len(t)} checkpoint evaluations; a three-parameter fit needs at least 4")
         guess = (max(y.min() * 0.9, 1e-3), max(y[0] - y.min(), 1e-3) * t[0] ** 0.5, 0.5)

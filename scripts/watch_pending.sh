@@ -6,7 +6,8 @@
 # Every minute: copy the run's finished units with scripts/sync_pending.sh and, when pending/NAME then differs
 # from what is committed, commit pending/NAME alone (other changes in the checkout stay uncommitted; a commit
 # that fails, e.g. on a held index.lock, is tried again the next minute). When the run's process (the command
-# line holding "--out RUN_DIR") is gone, it syncs and commits once more and stops.
+# line holding "--out RUN_DIR", RUN_DIR written absolute or relative: any path ending in RUN_DIR's folder name) is
+# gone, it syncs and commits once more and stops.
 set -uo pipefail
 name=${1:?run name, e.g. article-long}; run=${2:-runs/$name}
 run=$(realpath -m "$run")
@@ -19,7 +20,8 @@ sync_and_commit() {
       echo "$(date -u +%H:%M:%S) committed pending/$name ($n units)"
   fi
 }
-while pgrep -f -- "--out $run( |\$)" > /dev/null; do
+pattern="--out (\\S*/)?$(basename "$run")/?( |\$)"
+while pgrep -f -- "$pattern" > /dev/null; do
   sync_and_commit || echo "$(date -u +%H:%M:%S) sync or commit failed; trying again in a minute"
   sleep 60
 done

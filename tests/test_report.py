@@ -395,3 +395,22 @@ def test_spread_at_training_length_is_max_over_min_of_the_seed_means():
     assert out["spread"] == pytest.approx(6.1 / 5.1 - 1) and out["train_len"] == 64
     with pytest.raises(PosencError, match="sinusoidal"):
         report.spread_at_training_length(rows, ["alibi", "sinusoidal"])
+
+
+def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
+    rows = [{"encoding": enc, "strategy": "-", "seed": seed, "train_len": 64, "eval_len": n,
+             "eval_mode": "sliding", "status": "ok", "perplexity": base + 0.1 * seed + (0.05 * seed ** 2 if enc == "a" else 0)}
+            for enc, base in (("a", 5.0), ("b", 6.0)) for seed in (0, 1, 2, 3) for n in (64, 128)]
+    rows += [dict(r, encoding="c", eval_len=64) for r in rows if r["encoding"] == "b" and r["eval_len"] == 64]
+    out = report.versus(rows, [("a", "b"), ("c", "b")], mode="sliding")
+    assert list(out[["a", "eval_len"]].itertuples(index=False, name=None)) == [("a", 64), ("a", 128), ("c", 64)]
+    d = np.array([(5.0 + 0.1 * s + 0.05 * s * s) - (6.0 + 0.1 * s) for s in range(4)])
+    t = d.mean() / (d.std(ddof=1) / math.sqrt(4))
+    first = out.iloc[0]
+    assert first["test"] == "paired" and first["sign"] == "<"
+    assert first["p"] == pytest.approx(2 * stats.t.sf(abs(t), 3))
+    assert first["relative"] == pytest.approx(d.mean() / np.mean([6.0 + 0.1 * s for s in range(4)]))
+    assert out.iloc[2]["sign"] == "~" and math.isnan(out.iloc[2]["p"])  # identical values: no spread, no test
+    assert report.versus(rows, [("a", "b")], mode="sliding", lengths=[128])["eval_len"].tolist() == [128]
+    with pytest.raises(PosencError, match="no rows for zz"):
+        report.versus(rows, [("a", "zz")], mode="sliding")
