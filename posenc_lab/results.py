@@ -28,6 +28,8 @@ RUNS = {
     "article-long": "make results-long: the article's five encodings with article-cpu's model and recipe and four "
                     "times its training tokens, three seeds",
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
+    "retrieval-digits-cpu": "make results-tasks: five digits copied in order (one shared alphabet), 1x to 8x the "
+                            "training length, the article's five encodings, three seeds",
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "

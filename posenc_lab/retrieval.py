@@ -184,7 +184,10 @@ def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:
     p = correct / trials
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at p = 0 and p = 1 the interval ends exactly at 0 and 1; rounding must not put it past p (0.9999... < 1)
+    low = 0.0 if correct == 0 else max(0.0, min(p, centre - half))
+    high = 1.0 if correct == trials else min(1.0, max(p, centre + half))
+    return low, high
 
 
 @dataclass

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from posenc_lab import PosencError, retrieval
 from posenc_lab.model import GPT, IGNORE, GPTConfig
@@ -44,6 +46,16 @@ def test_wilson_interval_known_values():
     low, high = retrieval.wilson(0, 64)
     assert low == 0.0 and high == pytest.approx(1.96**2 / (64 + 1.96**2))  # the closed form at p = 0
     assert retrieval.wilson(64, 64)[1] == 1.0
+
+
+@given(trials=st.integers(1, 5000), share=st.floats(0, 1))
+def test_wilson_interval_holds_the_observed_share(trials, share):
+    """The interval contains the observed share, ends at exactly 1 when every trial is right (0.9999... would
+    give a plot a negative error bar) and at exactly 0 when none is, and is inside [0, 1]."""
+    correct = round(share * trials)
+    low, high = retrieval.wilson(correct, trials)
+    assert 0.0 <= low <= correct / trials <= high <= 1.0
+    assert (high == 1.0) == (correct == trials) and (low == 0.0) == (correct == 0)
 
 
 def test_exact_match_is_all_four_bytes():
