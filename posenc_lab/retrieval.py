@@ -486,7 +486,7 @@ def markdown_table(rows) -> str:
                 cells.append(f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
         learned = table.loc[name]["train_accuracy"].min()
         mark = (" (training accuracy unknown)" if math.isnan(learned) else
-                f" (not learned: {learned:.2f} at the end of training)" if learned < LEARNED else "")
+                f" (not learned: lowest seed {learned:.2f} at the end of training)" if learned < LEARNED else "")
         lines.append(f"| {name}{mark} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -221,7 +221,7 @@ def test_a_label_whose_seeds_did_not_all_learn_the_task_is_marked():
     assert table.loc[("nope", 128), "train_accuracy"] == 0.89  # the lowest seed, not the first
     assert table.loc[("nope", 256), "accuracy"] == pytest.approx(12 / 20)
     text = retrieval.markdown_table(rows)
-    assert "| nope (not learned: 0.89 at the end of training) |" in text
+    assert "| nope (not learned: lowest seed 0.89 at the end of training) |" in text
     assert "not learned" not in retrieval.markdown_table([row(0, 128, 0.96, 10)])
 
 
