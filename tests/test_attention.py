@@ -233,7 +233,8 @@ def test_learned_bias_gradients_through_query_blocks_match_reference(name, pos, 
     if name == "fire" and not causal:
         pytest.skip("FIRE is causal only")
     n = 2 * GRAD_BLOCK + 44
-    grads, original = {}, encoding_for(name, causal)  # FIRE's MLP starts from the global RNG: one encoding, copied
+    torch.manual_seed(0)  # FIRE's MLP starts from the global RNG: seeded, so the test does not depend on test order
+    grads, original = {}, encoding_for(name, causal)  # one encoding, copied for both backends
     for backend in ("reference", "sdpa"):
         enc = copy.deepcopy(original)
         q, k, v = (t.requires_grad_() for t in qkv(n=n))
@@ -241,7 +242,8 @@ def test_learned_bias_gradients_through_query_blocks_match_reference(name, pos, 
         (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
         grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
     for got, want in zip(grads["sdpa"], grads["reference"]):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        # a parameter's gradient sums n^2 float32 terms: an element near zero carries the rounding of the largest
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max())))
 
 
 def test_encodings_survive_deepcopy_after_a_forward():
