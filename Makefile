@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-variants benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -80,6 +80,16 @@ results-context: env
 	$(PY) -m posenc_lab context --preset context-cpu --run runs/article-cpu --out runs/context-cpu
 	rm -rf results/context-cpu && mkdir -p results/context-cpu && \
 	  cp -r runs/context-cpu/*.csv runs/context-cpu/*.json runs/context-cpu/units results/context-cpu/
+
+# the same on article-long's models (about 25 minutes): needs every seed's weights in runs/article-long/models; the
+# float16 weights of all seeds lie in pending/article-long/models until this has run (then only seed 0's are kept)
+results-context-long: env
+	mkdir -p runs/article-long/models
+	test -f runs/article-long/config.json || cp -r results/article-long/. runs/article-long/
+	if [ -d pending/article-long/models ]; then cp pending/article-long/models/*.pt runs/article-long/models/; fi
+	$(PY) -m posenc_lab context --preset context-long --run runs/article-long --out runs/context-long
+	rm -rf results/context-long && mkdir -p results/context-long && \
+	  cp -r runs/context-long/*.csv runs/context-long/*.json runs/context-long/units results/context-long/
 
 # what today's models run (chapter 12): seven variants and plain RoPE (with Llama 3's scaling) with article-cpu's
 # recipe, three seeds each (about 2 hours 15 minutes on two quiet cores)

@@ -163,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--multiples", type=_ints, help="evaluation lengths as multiples of the training length (e.g. 1,2,4,8)")
     ret.add_argument("--depths", type=_floats, help="needle depths in [0, 1] (e.g. 0,0.25,0.5,0.75,1)")
     ret.add_argument("--trials", type=int, help="windows per (length, depth) cell")
+    ret.add_argument("--train-keys", type=_ints, help="multikey: named keys per training window, cycled by step "
+                                                      "(e.g. 1,2,3,4); the grid always asks among 4")
     ret.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     ret.add_argument("--no-progress", action="store_true")
     _distributed_options(ret)

@@ -365,6 +365,10 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
                                notes="the article-cpu models, no retraining: the gain from context past 512 bytes at "
                                      "1k, 2k and 8k on 8 blocks of 8 KiB of the test text, and a Python passkey at "
                                      "1x to 8x, every encoding and RoPE strategy, three seeds"),
+    "context-long": ContextSpec(preset="context-long", run="article-long",
+                                encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
+                                notes="context-cpu's measurements on the article-long models (four times the "
+                                      "training tokens, the article's five encodings), no retraining"),
 }
 
 

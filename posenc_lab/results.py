@@ -32,6 +32,9 @@ RUNS = {
                             "training length, the article's five encodings, three seeds",
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
+    "variants-cpu": "make results-variants: what today's models run (chapter 12): partial rotary, p-RoPE, bases 500 and "
+                    "500,000, a NoPE layer, randomized RoPE and learned positions, and plain RoPE (with Llama 3's "
+                    "scaling) with article-cpu's recipe, three seeds",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
                    "past 512 bytes, a passkey in Python (made before the choice among digits was recorded), streams "
                    "with and without attention sinks",

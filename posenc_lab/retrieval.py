@@ -78,14 +78,14 @@ def _place(seq, rows, start, piece):
     seq[rows, start[:, None] + torch.arange(piece.shape[1])] = piece
 
 
-def _digit_windows(n, length, depth, generator, task):
+def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS):
     """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer."""
     if task == "digits":
         needle_len, ask_len = DIGITS_LEN, 1
     else:
         needle_len, ask_len = DIGITS_LEN + 2, 2  # "K48213;" and "?K"
     haystack = length + 1 - ask_len - DIGITS_LEN
-    slots = MULTIKEYS if task == "multikey" else 1
+    slots = keys if task == "multikey" else 1
     if haystack < 2 * slots * needle_len:
         raise PosencError(f"a {task} retrieval window needs at least {2 * slots * needle_len + ask_len + DIGITS_LEN - 1} "
                           f"bytes, got {length}")
@@ -100,12 +100,12 @@ def _digit_windows(n, length, depth, generator, task):
         _place(seq, rows, start, key)
         seq[:, haystack] = QUESTION
     else:
-        names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:MULTIKEYS]] for _ in range(n)])  # n K
+        names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:keys]] for _ in range(n)])  # n K
         semi = torch.full((n, 1), ord(";"))
         _place(seq, rows, start, torch.cat([names[:, :1], key, semi], 1))
         for i in range(n):  # the distractors: other names, other digits, never overlapping a needle
             taken = [(int(start[i]), int(start[i]) + needle_len)]
-            for k in range(1, MULTIKEYS):
+            for k in range(1, keys):
                 while True:
                     at = int(torch.randint(last + 1, (1,), generator=generator))
                     if all(at + needle_len <= a or at >= b for a, b in taken):
@@ -123,7 +123,8 @@ def _digit_windows(n, length, depth, generator, task):
     return inputs.long(), targets.long(), key.long(), start
 
 
-def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content"):
+def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content",
+                 keys: int = MULTIKEYS):
     """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the answer
     positions), the passkeys (``n x 4`` for ``content``, ``n x 5`` digits otherwise) and the (asked)
     needle's start positions.
@@ -131,13 +132,15 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
     Layout of the ``length + 1`` bytes (``content``): haystack (``length - 4`` bytes, passkey inside it), ``?``,
     the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
     it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
-    haystack with four named keys, ``?``, the asked name, its five digits; ``depth`` places the
-    asked needle the same way.
+    haystack with ``keys`` named keys (four unless asked otherwise), ``?``, the asked name, its five digits;
+    ``depth`` places the asked needle the same way.
     """
     if task not in TASKS:
         raise unknown_name("retrieval task", task, TASKS)
+    if not 1 <= keys <= len(NAMES):
+        raise PosencError(f"a multikey window holds 1 to {len(NAMES)} named keys, got {keys}")
     if task != "content":
-        return _digit_windows(n, length, depth, generator, task)
+        return _digit_windows(n, length, depth, generator, task, keys)
     haystack = length - KEY_LEN
     if haystack < KEY_LEN:
         raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
@@ -211,6 +214,10 @@ class RetrievalSpec:
     multiples: tuple[int, ...] = (1, 2, 4, 8)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     trials: int = 64
+    #: multikey only: the number of named keys in the training windows, cycled by step (e.g. (1, 2, 3, 4): the lone
+    #: key teaches the copying, the others the choice); empty: MULTIKEYS in every window. The probe of training
+    #: accuracy and the grid always ask among MULTIKEYS keys.
+    train_keys: tuple[int, ...] = ()
     monitor_every: int = 100  # training accuracy at the training length, every this many steps
     monitor_trials: int = 128
     eval_batch_size: int = 32
@@ -233,6 +240,9 @@ class RetrievalSpec:
             raise PosencError(f"multiples of the training length must be integers >= 1, got {self.multiples}")
         if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise PosencError(f"needle depths must lie in [0, 1], got {self.depths}")
+        if self.train_keys and (self.task != "multikey" or not all(1 <= k <= MULTIKEYS for k in self.train_keys)):
+            raise PosencError(f"train_keys is for the multikey task, each 1 to {MULTIKEYS}; got {self.train_keys} "
+                              f"for the {self.task} task")
         if self.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
@@ -247,6 +257,8 @@ class RetrievalSpec:
         d = asdict(self)
         if d["task"] == "content":
             del d["task"]
+        if not d["train_keys"]:  # nor the training keys unless set (the runs made before they existed)
+            del d["train_keys"]
         return d
 
 
@@ -323,7 +335,8 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
 
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task)
+        keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys)
         return x, y
 
     def monitor(step):

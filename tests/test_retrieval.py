@@ -141,17 +141,18 @@ def test_digits_task_has_one_shared_alphabet_and_asks_for_the_key_in_order(depth
 
 
 @pytest.mark.parametrize("depth", [0.0, 1.0, None])
-def test_multikey_task_has_distractors_of_the_same_kind_that_differ_from_the_asked_key(depth):
+@pytest.mark.parametrize("keys", [retrieval.MULTIKEYS, 1, 2])
+def test_multikey_task_has_distractors_of_the_same_kind_that_differ_from_the_asked_key(depth, keys):
     length, n = 128, 24
-    x, y, key, start = retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(4), "multikey")
+    x, y, key, start = retrieval.make_windows(n, length, depth, torch.Generator().manual_seed(4), "multikey", keys)
     for row in range(n):
         text = bytes(x[row].tolist()) + bytes([int(y[row, -1])])
         body, asked = text[:-7], text[-7:]
         assert asked[:1] == b"?" and asked[2:] == bytes(key[row].tolist())
         needles = [(m.start(), m.group()) for m in __import__("re").finditer(rb"[A-Z][0-9]{5};", body)]
-        assert len(needles) == retrieval.MULTIKEYS
+        assert len(needles) == keys
         names = [b[:1] for _, b in needles]
-        assert len(set(names)) == retrieval.MULTIKEYS and asked[1:2] in names
+        assert len(set(names)) == keys and asked[1:2] in names
         at, needle = next((a, b) for a, b in needles if b[:1] == asked[1:2])
         assert at == int(start[row]) and needle[1:6] == asked[2:]
         assert all(b[1:6] != asked[2:] for _, b in needles if b[:1] != asked[1:2])
@@ -182,6 +183,33 @@ def test_task_names_and_config_identity():
     assert retrieval.RetrievalSpec(task="digits").to_dict()["task"] == "digits"
     with pytest.raises(PosencError, match="window needs at least 62 bytes"):
         retrieval.make_windows(2, 30, 0.0, torch.Generator(), "multikey")
+    with pytest.raises(PosencError, match="holds 1 to 26 named keys, got 0"):
+        retrieval.make_windows(2, 128, 0.0, torch.Generator(), "multikey", keys=0)
+    # the training keys: only for multikey, each 1 to MULTIKEYS, and recorded only when set
+    assert "train_keys" not in retrieval.RetrievalSpec(task="multikey").to_dict()
+    assert retrieval.RetrievalSpec(task="multikey", train_keys=(1, 4)).to_dict()["train_keys"] == (1, 4)
+    for task, keys in (("digits", (1, 2)), ("multikey", (0, 4)), ("multikey", (5,))):
+        with pytest.raises(PosencError, match="train_keys is for the multikey task"):
+            retrieval.RetrievalSpec(task=task, train_keys=keys)
+
+
+def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_among_all(tmp_path, monkeypatch):
+    seen = []
+    make = retrieval.make_windows
+
+    def recording(n, length, depth, generator, task="content", keys=retrieval.MULTIKEYS):
+        seen.append((n, keys))
+        return make(n, length, depth, generator, task, keys)
+
+    monkeypatch.setattr(retrieval, "make_windows", recording)
+    spec = retrieval.retrieval_preset("retrieval-ci", task="multikey", encodings=("nope",), train_len=64, steps=6,
+                                      train_keys=(1, 2, 3), monitor_trials=5, trials=3, multiples=(1,),
+                                      depths=(0.5,))
+    retrieval.run_retrieval_unit(spec, "nope", 0, tmp_path, "cpu", False, {})
+    training = [k for n, k in seen if n == spec.batch_size]
+    assert training == [(1, 2, 3)[step % 3] for step in range(len(training))] and len(training) >= spec.steps
+    assert [k for n, k in seen if n in (spec.monitor_trials, spec.trials)] == \
+        [retrieval.MULTIKEYS] * sum(n in (spec.monitor_trials, spec.trials) for n, _ in seen)
 
 
 def test_accuracy_by_absolute_distance_pools_cells_by_their_distance():
