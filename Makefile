@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-variants benchmarks-cpu clean
+.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -81,8 +81,9 @@ results-context: env
 	rm -rf results/context-cpu && mkdir -p results/context-cpu && \
 	  cp -r runs/context-cpu/*.csv runs/context-cpu/*.json runs/context-cpu/units results/context-cpu/
 
-# the same on article-long's models (about 25 minutes): needs every seed's weights in runs/article-long/models; the
-# float16 weights of all seeds lie in pending/article-long/models until this has run (then only seed 0's are kept)
+# the same on article-long's models (44 minutes): needs every seed's weights in runs/article-long/models, which
+# make results-long leaves there (results/article-long/models keeps seed 0's; pending/article-long/models, where
+# they lie while a run is in progress, was removed once this had run)
 results-context-long: env
 	mkdir -p runs/article-long/models
 	test -f runs/article-long/config.json || cp -r results/article-long/. runs/article-long/
@@ -90,6 +91,17 @@ results-context-long: env
 	$(PY) -m posenc_lab context --preset context-long --run runs/article-long --out runs/context-long
 	rm -rf results/context-long && mkdir -p results/context-long && \
 	  cp -r runs/context-long/*.csv runs/context-long/*.json runs/context-long/units results/context-long/
+
+# the gain from context past 512 on variants-cpu's models (9 minutes): every seed's weights in
+# runs/variants-cpu/models, which make results-variants leaves there (pending/variants-cpu/models, where they lay
+# while the run was in progress, was removed once this had run)
+results-context-variants: env
+	mkdir -p runs/variants-cpu/models
+	test -f runs/variants-cpu/config.json || cp -r results/variants-cpu/. runs/variants-cpu/
+	if [ -d pending/variants-cpu/models ]; then cp pending/variants-cpu/models/*.pt runs/variants-cpu/models/; fi
+	$(PY) -m posenc_lab context --preset context-variants --run runs/variants-cpu --out runs/context-variants
+	rm -rf results/context-variants && mkdir -p results/context-variants && \
+	  cp -r runs/context-variants/*.csv runs/context-variants/*.json runs/context-variants/units results/context-variants/
 
 # what today's models run (chapter 12): seven variants and plain RoPE (with Llama 3's scaling) with article-cpu's
 # recipe, three seeds each (about 2 hours 15 minutes on two quiet cores)

@@ -38,6 +38,10 @@ RUNS = {
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
                    "past 512 bytes, a passkey in Python (made before the choice among digits was recorded), streams "
                    "with and without attention sinks",
+    "context-long": "make results-context-long: context-cpu's measurements on article-long's models (the article's "
+                    "five encodings, four times the training tokens), every seed, no retraining",
+    "context-variants": "make results-context-variants: the gain from context past 512 bytes on variants-cpu's models, "
+                        "every seed, no retraining (no passkey, no streams)",
 }
 #: the tables of a context run (``python -m posenc_lab context``); every other run has ``results.json``
 CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")

@@ -215,6 +215,24 @@ def test_context_runner_end_to_end_and_resumes(tmp_path):
                log=lambda *a: None)
     with pytest.raises(PosencError, match="neither a run folder"):
         cx.run(cx.context_preset("context-ci", run=str(tmp_path / "nothing")), tmp_path / "c2", progress=False)
+    # the gain alone (as context-variants measures it): no passkey windows, no streams, the same gains
+    alone = cx.context_preset("context-ci", run=str(trained), passkey_multiples=(), sink_encodings=())
+    gains_alone, keys_alone = cx.run(alone, tmp_path / "gain-only", progress=False, log=lambda *a: None)
+    assert keys_alone == [] and (tmp_path / "gain-only" / "stream.json").read_text().strip() == "[]"
+    text = cx.report(tmp_path / "gain-only")  # a run without passkey rows reports its gains only
+    assert "gain from context beyond the reach" in text and "passkey" not in text
+    by_label = {(r["encoding"], r["strategy"], r["eval_len"]): r.get("gain") for r in gains}
+    assert {(r["encoding"], r["strategy"], r["eval_len"]): r.get("gain") for r in gains_alone} == by_label
+
+
+@pytest.mark.parametrize("name", ["context-long", "context-variants"])
+def test_the_context_presets_of_other_runs_measure_only_that_runs_encodings(name):
+    from posenc_lab import experiment
+
+    spec = cx.context_preset(name)
+    trained = experiment.preset({"context-long": "article-long", "context-variants": "variants-cpu"}[name])
+    assert set(spec.encodings) == set(trained.encodings) and spec.run == trained.preset
+    assert set(spec.strategies) <= set(trained.strategies) | {"pi", "ntk", "dynamic-ntk"}
 
 
 def test_context_command_line_errors_are_one_sentence(capsys):
@@ -316,6 +334,26 @@ def test_the_committed_context_run_has_its_three_tables_and_every_seed():
     # 9 encodings with RoPE's 5 strategies at 3 lengths, less learned (it cannot run past 512)
     assert len(cx.gain_table(gains)) == 12 * 3
     assert {r["status"] for r in gains if r["encoding"] == "learned"} == {"cannot extrapolate"}
+
+
+def test_the_committed_context_run_of_the_long_models_has_every_seed_and_the_choice_among_digits():
+    from posenc_lab import results
+
+    gains, keys, streams = (results.read_json("context-long", t) for t in results.CONTEXT_TABLES)
+    assert {r["seed"] for r in gains} == {r["seed"] for r in keys} == {r["seed"] for r in streams} == {0, 1, 2}
+    # the article's five encodings, RoPE with its five strategies, at 3 lengths
+    assert len(cx.gain_table(gains)) == 9 * 3 and {r["status"] for r in gains} == {"ok"}
+    assert all(r["run"] == "runs/article-long" for r in gains)
+    assert all(not math.isnan(r["choice_accuracy"]) for r in keys if r["status"] == "ok")
+
+
+def test_the_committed_context_run_of_the_variants_measures_the_gain_alone_on_every_seed():
+    from posenc_lab import results
+
+    gains, keys, streams = (results.read_json("context-variants", t) for t in results.CONTEXT_TABLES)
+    assert keys == [] and streams == [] and {r["seed"] for r in gains} == {0, 1, 2}
+    # 7 variants and RoPE with none, yarn and llama3, at 3 lengths; randomized learned runs to M = 8192
+    assert len(cx.gain_table(gains)) == 10 * 3 and {r["status"] for r in gains} == {"ok"}
 
 
 def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
