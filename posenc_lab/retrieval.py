@@ -13,8 +13,10 @@ Three tasks, each a small model trained on it alone at the training length (``ta
   must be told from distractors of the same kind, then copied in order. (The name is followed by
   the digits directly, so that one look-up of the name finds the key; the first form, ``K=48213;``
   asked as ``?K=``, needed a match of two bytes. Neither form was learned by the 2-layer model in
-  4,000 steps in single pilot units: the task still needs a design or model that learns it at the
-  training length before its run is made.)
+  4,000 steps in single pilot units, nor with training windows that hold 1 to 4 keys in turn
+  (``train_keys``), nor with a third layer: the task still needs a design or model that learns it at
+  the training length before its run is made. ``train_ask_all`` asks every key of a training window
+  in turn, a denser signal for the choice of key; ``pending/pilots/README.md`` records each pilot.)
 
 The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
 encoding can learn it from scratch at the training length on a CPU):
@@ -78,16 +80,19 @@ def _place(seq, rows, start, piece):
     seq[rows, start[:, None] + torch.arange(piece.shape[1])] = piece
 
 
-def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS):
-    """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer."""
+def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=False):
+    """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer (with
+    ``ask_all``, multikey only: every named key is asked in turn at the end, each answer scored)."""
     if task == "digits":
         needle_len, ask_len = DIGITS_LEN, 1
     else:
         needle_len, ask_len = DIGITS_LEN + 2, 2  # "K48213;" and "?K"
-    haystack = length + 1 - ask_len - DIGITS_LEN
+    questions = keys if ask_all else 1
+    tail = questions * (ask_len + DIGITS_LEN)
+    haystack = length + 1 - tail
     slots = keys if task == "multikey" else 1
     if haystack < 2 * slots * needle_len:
-        raise PosencError(f"a {task} retrieval window needs at least {2 * slots * needle_len + ask_len + DIGITS_LEN - 1} "
+        raise PosencError(f"a {task} retrieval window needs at least {2 * slots * needle_len + tail - 1} "
                           f"bytes, got {length}")
     if depth is not None and not 0.0 <= depth <= 1.0:
         raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
@@ -103,6 +108,7 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS):
         names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:keys]] for _ in range(n)])  # n K
         semi = torch.full((n, 1), ord(";"))
         _place(seq, rows, start, torch.cat([names[:, :1], key, semi], 1))
+        every = key[:, None, :].repeat(1, keys, 1)  # n K 5: every needle's digits, the asked one first
         for i in range(n):  # the distractors: other names, other digits, never overlapping a needle
             taken = [(int(start[i]), int(start[i]) + needle_len)]
             for k in range(1, keys):
@@ -115,6 +121,20 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS):
                 while torch.equal(other, key[i]):  # a distractor's digits always differ from the asked key's
                     other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
                 seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], other, semi[0]])
+                every[i, k] = other
+        if ask_all:  # "?B90215?K48213...": every name once, in a random order; the loss on every answer
+            answers = torch.zeros(length + 1, dtype=torch.bool)
+            for i in range(n):
+                for q, k in enumerate(torch.randperm(keys, generator=generator).tolist()):
+                    at = haystack + q * (ask_len + DIGITS_LEN)
+                    seq[i, at], seq[i, at + 1] = QUESTION, names[i, k]
+                    seq[i, at + 2 : at + 2 + DIGITS_LEN] = every[i, k]
+            for q in range(keys):
+                at = haystack + q * (ask_len + DIGITS_LEN) + ask_len
+                answers[at : at + DIGITS_LEN] = True
+            inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
+            targets[:, ~answers[1:]] = IGNORE
+            return inputs.long(), targets.long(), key.long(), start
         seq[:, haystack] = QUESTION
         seq[:, haystack + 1] = names[:, 0]
     seq[:, length + 1 - DIGITS_LEN :] = key
@@ -124,7 +144,7 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS):
 
 
 def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content",
-                 keys: int = MULTIKEYS):
+                 keys: int = MULTIKEYS, ask_all: bool = False):
     """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the answer
     positions), the passkeys (``n x 4`` for ``content``, ``n x 5`` digits otherwise) and the (asked)
     needle's start positions.
@@ -133,14 +153,18 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
     the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
     it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
     haystack with ``keys`` named keys (four unless asked otherwise), ``?``, the asked name, its five digits;
-    ``depth`` places the asked needle the same way.
+    ``depth`` places the asked needle the same way. ``ask_all`` (multikey, for training): the window ends with
+    every name asked in turn, in a random order (``?B90215?K48213...``), and every answer is scored; the returned
+    passkeys and starts are still those of the first name's needle.
     """
+    if ask_all and task != "multikey":
+        raise PosencError(f"ask_all is for the multikey task, not {task}")
     if task not in TASKS:
         raise unknown_name("retrieval task", task, TASKS)
     if not 1 <= keys <= len(NAMES):
         raise PosencError(f"a multikey window holds 1 to {len(NAMES)} named keys, got {keys}")
     if task != "content":
-        return _digit_windows(n, length, depth, generator, task, keys)
+        return _digit_windows(n, length, depth, generator, task, keys, ask_all)
     haystack = length - KEY_LEN
     if haystack < KEY_LEN:
         raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
@@ -218,6 +242,9 @@ class RetrievalSpec:
     #: key teaches the copying, the others the choice); empty: MULTIKEYS in every window. The probe of training
     #: accuracy and the grid always ask among MULTIKEYS keys.
     train_keys: tuple[int, ...] = ()
+    #: multikey only: every training window asks every named key in turn (a denser signal for the choice of key);
+    #: the probe and the grid still ask one
+    train_ask_all: bool = False
     monitor_every: int = 100  # training accuracy at the training length, every this many steps
     monitor_trials: int = 128
     eval_batch_size: int = 32
@@ -243,6 +270,8 @@ class RetrievalSpec:
         if self.train_keys and (self.task != "multikey" or not all(1 <= k <= MULTIKEYS for k in self.train_keys)):
             raise PosencError(f"train_keys is for the multikey task, each 1 to {MULTIKEYS}; got {self.train_keys} "
                               f"for the {self.task} task")
+        if self.train_ask_all and self.task != "multikey":
+            raise PosencError(f"train_ask_all is for the multikey task, not {self.task}")
         if self.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
@@ -259,6 +288,8 @@ class RetrievalSpec:
             del d["task"]
         if not d["train_keys"]:  # nor the training keys unless set (the runs made before they existed)
             del d["train_keys"]
+        if not d["train_ask_all"]:
+            del d["train_ask_all"]
         return d
 
 
@@ -336,7 +367,10 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys)
+        if spec.train_ask_all:
+            x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, ask_all=True)
+        else:
+            x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys)
         return x, y
 
     def monitor(step):

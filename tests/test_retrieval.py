@@ -1,5 +1,6 @@
 """The passkey retrieval task and its runner (chapter 11)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -193,13 +194,39 @@ def test_task_names_and_config_identity():
             retrieval.RetrievalSpec(task=task, train_keys=keys)
 
 
+def test_multikey_windows_that_ask_every_key_score_each_answer_against_its_own_needle():
+    x, y, key, start = retrieval.make_windows(8, 128, None, torch.Generator().manual_seed(3), "multikey",
+                                              ask_all=True)
+    for i in range(8):
+        text = bytes(x[i].tolist() + [int(y[i, -1])]).decode()
+        tail = text[-4 * 7:]  # four questions of "?" + name + five digits
+        asked = [tail[q * 7 + 1] for q in range(4)]
+        assert [tail[q * 7] for q in range(4)] == ["?"] * 4 and len(set(asked)) == 4
+        haystack = text[: -4 * 7]
+        for q, name in enumerate(asked):  # each answer is the digits that follow its name in the haystack
+            assert haystack.count(name) == 1
+            at = haystack.index(name)
+            assert tail[q * 7 + 2 : q * 7 + 7] == haystack[at + 1 : at + 6]
+        scored = (y[i] != retrieval.IGNORE).nonzero().flatten()
+        assert len(scored) == 20 and "".join(chr(int(t)) for t in y[i, scored]) == \
+            "".join(tail[q * 7 + 2 : q * 7 + 7] for q in range(4))
+        assert bytes(key[i].tolist()).decode() == haystack[int(start[i]) + 1 : int(start[i]) + 6]
+    with pytest.raises(PosencError, match="ask_all is for the multikey task"):
+        retrieval.make_windows(2, 128, None, torch.Generator(), "digits", ask_all=True)
+    with pytest.raises(PosencError, match="train_ask_all is for the multikey task"):
+        retrieval.RetrievalSpec(task="digits", train_ask_all=True)
+    assert "train_ask_all" not in retrieval.RetrievalSpec(task="multikey").to_dict()
+    assert retrieval.RetrievalSpec(task="multikey", train_ask_all=True).to_dict()["train_ask_all"] is True
+
+
 def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_among_all(tmp_path, monkeypatch):
-    seen = []
+    seen, asked = [], []
     make = retrieval.make_windows
 
-    def recording(n, length, depth, generator, task="content", keys=retrieval.MULTIKEYS):
+    def recording(n, length, depth, generator, task="content", keys=retrieval.MULTIKEYS, ask_all=False):
         seen.append((n, keys))
-        return make(n, length, depth, generator, task, keys)
+        asked.append((n, ask_all))
+        return make(n, length, depth, generator, task, keys, ask_all)
 
     monkeypatch.setattr(retrieval, "make_windows", recording)
     spec = retrieval.retrieval_preset("retrieval-ci", task="multikey", encodings=("nope",), train_len=64, steps=6,
@@ -210,6 +237,13 @@ def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_amo
     assert training == [(1, 2, 3)[step % 3] for step in range(len(training))] and len(training) >= spec.steps
     assert [k for n, k in seen if n in (spec.monitor_trials, spec.trials)] == \
         [retrieval.MULTIKEYS] * sum(n in (spec.monitor_trials, spec.trials) for n, _ in seen)
+    assert not any(ask for _, ask in asked)
+    # every key asked in turn: the training windows only; the probe and the grid still ask one
+    asked.clear()
+    retrieval.run_retrieval_unit(dataclasses.replace(spec, train_ask_all=True), "nope", 0, tmp_path / "all", "cpu",
+                                 False, {})
+    assert {ask for n, ask in asked if n == spec.batch_size} == {True}
+    assert {ask for n, ask in asked if n in (spec.monitor_trials, spec.trials)} == {False}
 
 
 def test_accuracy_by_absolute_distance_pools_cells_by_their_distance():
