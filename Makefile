@@ -84,24 +84,26 @@ results-context: env
 # the same on article-long's models (44 minutes): needs every seed's weights in runs/article-long/models, which
 # make results-long leaves there (results/article-long/models keeps seed 0's; pending/article-long/models, where
 # they lie while a run is in progress, was removed once this had run)
+# $(call context_on,RUN,PRESET): the context preset PRESET on RUN's models (the run's folder restored from results/
+# where it is missing, weights kept in pending/RUN/models while a run is in progress copied in), its tables to
+# results/PRESET
+define context_on
+	mkdir -p runs/$(1)/models
+	test -f runs/$(1)/config.json || cp -r results/$(1)/. runs/$(1)/
+	if [ -d pending/$(1)/models ]; then cp pending/$(1)/models/*.pt runs/$(1)/models/; fi
+	$(PY) -m posenc_lab context --preset $(2) --run runs/$(1) --out runs/$(2)
+	rm -rf results/$(2) && mkdir -p results/$(2) && \
+	  cp -r runs/$(2)/*.csv runs/$(2)/*.json runs/$(2)/units results/$(2)/
+endef
+
 results-context-long: env
-	mkdir -p runs/article-long/models
-	test -f runs/article-long/config.json || cp -r results/article-long/. runs/article-long/
-	if [ -d pending/article-long/models ]; then cp pending/article-long/models/*.pt runs/article-long/models/; fi
-	$(PY) -m posenc_lab context --preset context-long --run runs/article-long --out runs/context-long
-	rm -rf results/context-long && mkdir -p results/context-long && \
-	  cp -r runs/context-long/*.csv runs/context-long/*.json runs/context-long/units results/context-long/
+	$(call context_on,article-long,context-long)
 
 # the gain from context past 512 on variants-cpu's models (9 minutes): every seed's weights in
 # runs/variants-cpu/models, which make results-variants leaves there (pending/variants-cpu/models, where they lay
 # while the run was in progress, was removed once this had run)
 results-context-variants: env
-	mkdir -p runs/variants-cpu/models
-	test -f runs/variants-cpu/config.json || cp -r results/variants-cpu/. runs/variants-cpu/
-	if [ -d pending/variants-cpu/models ]; then cp pending/variants-cpu/models/*.pt runs/variants-cpu/models/; fi
-	$(PY) -m posenc_lab context --preset context-variants --run runs/variants-cpu --out runs/context-variants
-	rm -rf results/context-variants && mkdir -p results/context-variants && \
-	  cp -r runs/context-variants/*.csv runs/context-variants/*.json runs/context-variants/units results/context-variants/
+	$(call context_on,variants-cpu,context-variants)
 
 # what today's models run (chapter 12): seven variants and plain RoPE (with Llama 3's scaling) with article-cpu's
 # recipe, three seeds each (about 2 hours 15 minutes on two quiet cores)

@@ -672,14 +672,14 @@ def report(out: Path | str) -> str:
         lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [95 % interval]:",
                   "", "| label | length | exact match | digits | first digit | digits, argmax of ten | distance |",
                   "|---|---|---|---|---|---|---|"]
-    for (label, length), r in (passkey_table(keys).iterrows() if keys else ()):
-        if r["status"] != "ok":
-            lines.append(f"| {label} | {length} | cannot extrapolate | | | | |")
-            continue
-        lines.append(f"| {label} | {length} | {r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | "
-                     f"{r['digit_accuracy']:.2f} | {r['first_digit_accuracy']:.2f} | "
-                     f"{'not measured' if math.isnan(r['choice_accuracy']) else format(r['choice_accuracy'], '.2f')} | "
-                     f"{r['distance']:.0f} |")
+        for (label, length), r in passkey_table(keys).iterrows():
+            if r["status"] != "ok":
+                lines.append(f"| {label} | {length} | cannot extrapolate | | | | |")
+                continue
+            lines.append(f"| {label} | {length} | {r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | "
+                         f"{r['digit_accuracy']:.2f} | {r['first_digit_accuracy']:.2f} | "
+                         f"{'not measured' if math.isnan(r['choice_accuracy']) else format(r['choice_accuracy'], '.2f')} | "
+                         f"{r['distance']:.0f} |")
     streams = json.loads((out / "stream.json").read_text()) if (out / "stream.json").exists() else []
     if streams:
         import pandas as pd

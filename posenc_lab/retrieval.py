@@ -103,7 +103,7 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=Fa
     rows = torch.arange(n)[:, None]
     if task == "digits":
         _place(seq, rows, start, key)
-        seq[:, haystack] = QUESTION
+        every = key[:, None, :]  # n 1 5
     else:
         names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:keys]] for _ in range(n)])  # n K
         semi = torch.full((n, 1), ord(";"))
@@ -122,24 +122,20 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=Fa
                     other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
                 seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], other, semi[0]])
                 every[i, k] = other
-        if ask_all:  # "?B90215?K48213...": every name once, in a random order; the loss on every answer
-            answers = torch.zeros(length + 1, dtype=torch.bool)
-            for i in range(n):
-                for q, k in enumerate(torch.randperm(keys, generator=generator).tolist()):
-                    at = haystack + q * (ask_len + DIGITS_LEN)
-                    seq[i, at], seq[i, at + 1] = QUESTION, names[i, k]
-                    seq[i, at + 2 : at + 2 + DIGITS_LEN] = every[i, k]
-            for q in range(keys):
-                at = haystack + q * (ask_len + DIGITS_LEN) + ask_len
-                answers[at : at + DIGITS_LEN] = True
-            inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
-            targets[:, ~answers[1:]] = IGNORE
-            return inputs.long(), targets.long(), key.long(), start
-        seq[:, haystack] = QUESTION
-        seq[:, haystack + 1] = names[:, 0]
-    seq[:, length + 1 - DIGITS_LEN :] = key
+    # the questions after the haystack: "?" (the name asked: multikey), the digits; with ask_all every name once, in
+    # a random order per window ("?B90215?K48213..."); the loss is on every answer
+    asked = (torch.stack([torch.randperm(keys, generator=generator) for _ in range(n)]) if ask_all
+             else torch.zeros(n, 1, dtype=torch.long))  # n questions: which needle each question asks for
+    answers = torch.zeros(length + 1, dtype=torch.bool)
+    for q in range(questions):
+        at = haystack + q * (ask_len + DIGITS_LEN)
+        seq[:, at] = QUESTION
+        if task == "multikey":
+            seq[:, at + 1] = names[rows[:, 0], asked[:, q]]
+        seq[:, at + ask_len : at + ask_len + DIGITS_LEN] = every[rows[:, 0], asked[:, q]]
+        answers[at + ask_len : at + ask_len + DIGITS_LEN] = True
     inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
-    targets[:, : length - DIGITS_LEN] = IGNORE
+    targets[:, ~answers[1:]] = IGNORE
     return inputs.long(), targets.long(), key.long(), start
 
 
@@ -367,10 +363,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
-        if spec.train_ask_all:
-            x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, ask_all=True)
-        else:
-            x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys)
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, spec.train_ask_all)
         return x, y
 
     def monitor(step):
