@@ -1,7 +1,7 @@
 """A small GPT-style decoder, identical for every encoding except where the encoding enters.
 
 Pre-norm blocks (LayerNorm -> attention -> residual, LayerNorm -> MLP -> residual), GELU MLP of
-width ``4 d``, tied input/output embeddings, GPT-2 initialisation (normal(0, 0.02), residual
+width ``4 d``, tied input/output embeddings (untied on request: ``tie_embeddings=False``), GPT-2 initialisation (normal(0, 0.02), residual
 projections scaled by ``1 / sqrt(2 n_layer)``). One encoding object is shared by all layers:
 its ``embed`` hook runs once on the token embeddings, its ``rotate`` and ``bias`` hooks in every
 layer's attention (T5 shares its bias across layers the same way).
@@ -37,6 +37,10 @@ class GPTConfig:
     mlp_ratio: int = 4
     backend: str = "auto"
     encoding_options: dict = field(default_factory=dict)
+    #: one matrix for the input embedding and the output head (GPT-2). Untied, a byte that is never a target keeps
+    #: its own input embedding: tied, the output's softmax pushes every never-predicted byte the same way, and their
+    #: rows drift towards one shared direction (the multikey retrieval task needs the names told apart)
+    tie_embeddings: bool = True
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "d_model", "train_len", "vocab_size", "mlp_ratio"):
@@ -45,8 +49,11 @@ class GPTConfig:
             raise PosencError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
 
     def to_dict(self) -> dict:
-        """The configuration as a plain dict."""
-        return asdict(self)
+        """The configuration as a plain dict (``tie_embeddings`` only when untied, as before it existed)."""
+        d = asdict(self)
+        if d["tie_embeddings"]:
+            del d["tie_embeddings"]
+        return d
 
 
 class SelfAttention(nn.Module):
@@ -80,8 +87,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The decoder-only byte-level language model: token embeddings, one shared encoding, ``n_layer`` blocks, a tied
-    output head."""
+    """The decoder-only byte-level language model: token embeddings, one shared encoding, ``n_layer`` blocks, an
+    output head tied to the embedding (unless ``tie_embeddings=False``)."""
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -89,7 +96,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: residual projections scaled down with depth
             for proj in (block.attn.proj, block.mlp[2]):
@@ -106,7 +114,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self) -> int:
-        """The number of parameters (the tied embedding counted once)."""
+        """The number of parameters (a tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None, reach: int | None = None) -> torch.Tensor:

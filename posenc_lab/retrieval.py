@@ -10,13 +10,13 @@ Three tasks, each a small model trained on it alone at the training length (``ta
 * ``multikey``: several named keys of the same kind (``K48213;``, names distinct upper-case
   letters, the asked one at the chosen depth, the others at random places), and the question
   ``?K`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
-  must be told from distractors of the same kind, then copied in order. (The name is followed by
-  the digits directly, so that one look-up of the name finds the key; the first form, ``K=48213;``
-  asked as ``?K=``, needed a match of two bytes. Neither form was learned by the 2-layer model in
-  4,000 steps in single pilot units, nor with training windows that hold 1 to 4 keys in turn
-  (``train_keys``), nor with a third layer: the task still needs a design or model that learns it at
-  the training length before its run is made. ``train_ask_all`` asks every key of a training window
-  in turn, a denser signal for the choice of key; ``pending/pilots/README.md`` records each pilot.)
+  must be told from distractors of the same kind, then copied in order. The name is followed by the
+  digits directly, so that one look-up of the name finds the key. Its models train differently from
+  the other tasks' (``pending/pilots/README.md`` records every pilot): each training window ends
+  with ``train_questions`` questions, each naming a key drawn at random (repeats allowed: asking
+  every key once let the last be found by elimination, a shortcut the pilots caught), and the input
+  embedding is untied from the output head (``tie_embeddings=False``): tied, the names, never a
+  target, drifted to one shared direction and were never told apart.
 
 The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
 encoding can learn it from scratch at the training length on a CPU):
@@ -80,14 +80,13 @@ def _place(seq, rows, start, piece):
     seq[rows, start[:, None] + torch.arange(piece.shape[1])] = piece
 
 
-def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=False):
+def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, questions=1):
     """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer (with
-    ``ask_all``, multikey only: every named key is asked in turn at the end, each answer scored)."""
+    ``questions`` > 1, multikey only: that many questions at the end, each answer scored)."""
     if task == "digits":
         needle_len, ask_len = DIGITS_LEN, 1
     else:
         needle_len, ask_len = DIGITS_LEN + 2, 2  # "K48213;" and "?K"
-    questions = keys if ask_all else 1
     tail = questions * (ask_len + DIGITS_LEN)
     haystack = length + 1 - tail
     slots = keys if task == "multikey" else 1
@@ -122,10 +121,11 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=Fa
                     other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
                 seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], other, semi[0]])
                 every[i, k] = other
-    # the questions after the haystack: "?" (the name asked: multikey), the digits; with ask_all every name once, in
-    # a random order per window ("?B90215?K48213..."); the loss is on every answer
-    asked = (torch.stack([torch.randperm(keys, generator=generator) for _ in range(n)]) if ask_all
-             else torch.zeros(n, 1, dtype=torch.long))  # n questions: which needle each question asks for
+    # the questions after the haystack: "?" (the name asked: multikey), the digits ("?B90215?K48213..."); the first
+    # asks for the needle placed at the depth, each later one for a needle drawn at random, repeats allowed (asking
+    # every key once would let the last be found by elimination); the loss is on every answer
+    asked = torch.cat([torch.zeros(n, 1, dtype=torch.long),
+                       torch.randint(keys, (n, questions - 1), generator=generator)], 1)  # n questions: needle asked
     answers = torch.zeros(length + 1, dtype=torch.bool)
     for q in range(questions):
         at = haystack + q * (ask_len + DIGITS_LEN)
@@ -140,7 +140,7 @@ def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, ask_all=Fa
 
 
 def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content",
-                 keys: int = MULTIKEYS, ask_all: bool = False):
+                 keys: int = MULTIKEYS, questions: int = 1):
     """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the answer
     positions), the passkeys (``n x 4`` for ``content``, ``n x 5`` digits otherwise) and the (asked)
     needle's start positions.
@@ -149,18 +149,21 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
     the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
     it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
     haystack with ``keys`` named keys (four unless asked otherwise), ``?``, the asked name, its five digits;
-    ``depth`` places the asked needle the same way. ``ask_all`` (multikey, for training): the window ends with
-    every name asked in turn, in a random order (``?B90215?K48213...``), and every answer is scored; the returned
-    passkeys and starts are still those of the first name's needle.
+    ``depth`` places the asked needle the same way. ``questions`` > 1 (multikey, for training): the window ends
+    with that many questions (``?B90215?K48213...``), the first naming the needle placed at the depth and each later
+    one a needle drawn at random (repeats allowed), and every answer is scored; the returned passkeys and starts
+    are those of the first question's needle.
     """
-    if ask_all and task != "multikey":
-        raise PosencError(f"ask_all is for the multikey task, not {task}")
+    if questions != 1 and task != "multikey":
+        raise PosencError(f"several questions are for the multikey task, not {task}")
+    if questions < 1:
+        raise PosencError(f"a window asks at least one question, got {questions}")
     if task not in TASKS:
         raise unknown_name("retrieval task", task, TASKS)
     if not 1 <= keys <= len(NAMES):
         raise PosencError(f"a multikey window holds 1 to {len(NAMES)} named keys, got {keys}")
     if task != "content":
-        return _digit_windows(n, length, depth, generator, task, keys, ask_all)
+        return _digit_windows(n, length, depth, generator, task, keys, questions)
     haystack = length - KEY_LEN
     if haystack < KEY_LEN:
         raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
@@ -238,9 +241,12 @@ class RetrievalSpec:
     #: key teaches the copying, the others the choice); empty: MULTIKEYS in every window. The probe of training
     #: accuracy and the grid always ask among MULTIKEYS keys.
     train_keys: tuple[int, ...] = ()
-    #: multikey only: every training window asks every named key in turn (a denser signal for the choice of key);
-    #: the probe and the grid still ask one
-    train_ask_all: bool = False
+    #: multikey only: questions at the end of every training window, each naming a key drawn at random (a denser
+    #: signal for the choice of key); the probe and the grid still ask one
+    train_questions: int = 1
+    #: the input embedding and the output head share one matrix (the language model's GPT-2 form); untied, the
+    #: names of the multikey task, never a target, keep apart (see :class:`~posenc_lab.model.GPTConfig`)
+    tie_embeddings: bool = True
     monitor_every: int = 100  # training accuracy at the training length, every this many steps
     monitor_trials: int = 128
     eval_batch_size: int = 32
@@ -266,15 +272,16 @@ class RetrievalSpec:
         if self.train_keys and (self.task != "multikey" or not all(1 <= k <= MULTIKEYS for k in self.train_keys)):
             raise PosencError(f"train_keys is for the multikey task, each 1 to {MULTIKEYS}; got {self.train_keys} "
                               f"for the {self.task} task")
-        if self.train_ask_all and self.task != "multikey":
-            raise PosencError(f"train_ask_all is for the multikey task, not {self.task}")
+        if self.train_questions != 1 and (self.task != "multikey" or self.train_questions < 1):
+            raise PosencError(f"train_questions is for the multikey task, at least 1; got {self.train_questions} "
+                              f"for the {self.task} task")
         if self.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
     def model_config(self, encoding: str) -> GPTConfig:
         """The :class:`GPTConfig` of ``encoding`` under this spec."""
         return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
-                         train_len=self.train_len, backend=self.backend)
+                         train_len=self.train_len, backend=self.backend, tie_embeddings=self.tie_embeddings)
 
     def to_dict(self) -> dict:
         """The spec as a plain dict (as stored in ``config.json``). The task is left out when it is ``content``,
@@ -284,8 +291,10 @@ class RetrievalSpec:
             del d["task"]
         if not d["train_keys"]:  # nor the training keys unless set (the runs made before they existed)
             del d["train_keys"]
-        if not d["train_ask_all"]:
-            del d["train_ask_all"]
+        if d["train_questions"] == 1:
+            del d["train_questions"]
+        if d["tie_embeddings"]:
+            del d["tie_embeddings"]
         return d
 
 
@@ -304,12 +313,13 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                                 "bytes for 4,000 steps (1,000 do not teach it), judged at 1x to 8x, "
                                                 "the article's encodings, three seeds; about 75 minutes"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
-                                            encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), seeds=(0, 1, 2),
-                                            steps=4000, trials=100,
+                                            encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
+                                            steps=8000, trials=100, train_questions=4, tie_embeddings=False,
                                             notes="the named key among three distractors of the same kind, trained at "
-                                                  "128 bytes for 4,000 steps, judged at 1x to 8x, the article's "
-                                                  "encodings, three seeds; about 75 minutes. Not yet learned at the "
-                                                  "training length in pilots (pending/pilots): redesign first"),
+                                                  "128 bytes for 8,000 steps with four questions per window and "
+                                                  "untied embeddings (pending/pilots: tied, the names are not told "
+                                                  "apart), judged at 1x to 8x, the article's encodings, three seeds; "
+                                                  "about 4.5 hours"),
 }
 
 
@@ -363,7 +373,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, spec.train_ask_all)
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, spec.train_questions)
         return x, y
 
     def monitor(step):
@@ -416,7 +426,7 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
     common = {"preset": spec.preset, "device": device_name(device), "torch": torch.__version__,
               "posenc_lab": __version__, "git_commit": git_commit(), "config": json.dumps(spec.to_dict(), sort_keys=True),
               "python": ".".join(map(str, sys.version_info[:3]))}
-    units = [(e, s) for e in spec.encodings for s in spec.seeds]
+    units = [(e, s) for s in spec.seeds for e in spec.encodings]  # seed by seed: a part-run has every encoding
     run_units(out, units, lambda e, s: run_retrieval_unit(spec, e, s, out, device, progress, common),
               after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)

@@ -32,6 +32,26 @@ def test_models_differ_only_in_the_encoding():
     assert len(set(counts.values())) == 1
 
 
+def test_untied_embeddings_give_the_head_its_own_matrix_and_are_recorded_only_when_set():
+    tied, untied = small("rope"), small("rope", tie_embeddings=False)
+    assert tied.head.weight is tied.tok_emb.weight and untied.head.weight is not untied.tok_emb.weight
+    assert untied.num_params() - tied.num_params() == 256 * 32
+    # the configuration of every model made before the option existed is unchanged
+    assert "tie_embeddings" not in tied.cfg.to_dict() and untied.cfg.to_dict()["tie_embeddings"] is False
+    again = GPT(GPTConfig(**untied.cfg.to_dict()))
+    again.load_state_dict(untied.state_dict())
+    assert again.head.weight is not again.tok_emb.weight
+    torch.testing.assert_close(again.head.weight, untied.head.weight)
+    # a step moves the untied head without moving the embedding rows of bytes never seen as input
+    opt = torch.optim.SGD(untied.parameters(), lr=0.1)
+    before = untied.tok_emb.weight.detach().clone()
+    x = torch.full((1, 8), 65)
+    torch.nn.functional.cross_entropy(untied(x)[0], torch.full((8,), 48)).backward()
+    opt.step()
+    moved = (untied.tok_emb.weight.detach() - before).abs().sum(1) > 0
+    assert moved.nonzero().flatten().tolist() == [65]
+
+
 def test_learned_model_past_training_length_raises_clear_error():
     model = small("learned")
     with pytest.raises(PositionOutOfRange, match="cannot extrapolate"):

@@ -1,6 +1,7 @@
 """The passkey retrieval task and its runner (chapter 11)."""
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -194,14 +195,16 @@ def test_task_names_and_config_identity():
             retrieval.RetrievalSpec(task=task, train_keys=keys)
 
 
-def test_multikey_windows_that_ask_every_key_score_each_answer_against_its_own_needle():
-    x, y, key, start = retrieval.make_windows(8, 128, None, torch.Generator().manual_seed(3), "multikey",
-                                              ask_all=True)
-    for i in range(8):
+def test_multikey_windows_with_several_questions_score_each_answer_against_its_own_needle():
+    x, y, key, start = retrieval.make_windows(64, 128, None, torch.Generator().manual_seed(3), "multikey",
+                                              questions=4)
+    repeated = 0
+    for i in range(64):
         text = bytes(x[i].tolist() + [int(y[i, -1])]).decode()
         tail = text[-4 * 7:]  # four questions of "?" + name + five digits
         asked = [tail[q * 7 + 1] for q in range(4)]
-        assert [tail[q * 7] for q in range(4)] == ["?"] * 4 and len(set(asked)) == 4
+        assert [tail[q * 7] for q in range(4)] == ["?"] * 4
+        repeated += len(set(asked)) < 4
         haystack = text[: -4 * 7]
         for q, name in enumerate(asked):  # each answer is the digits that follow its name in the haystack
             assert haystack.count(name) == 1
@@ -210,23 +213,37 @@ def test_multikey_windows_that_ask_every_key_score_each_answer_against_its_own_n
         scored = (y[i] != retrieval.IGNORE).nonzero().flatten()
         assert len(scored) == 20 and "".join(chr(int(t)) for t in y[i, scored]) == \
             "".join(tail[q * 7 + 2 : q * 7 + 7] for q in range(4))
-        assert bytes(key[i].tolist()).decode() == haystack[int(start[i]) + 1 : int(start[i]) + 6]
-    with pytest.raises(PosencError, match="ask_all is for the multikey task"):
-        retrieval.make_windows(2, 128, None, torch.Generator(), "digits", ask_all=True)
-    with pytest.raises(PosencError, match="train_ask_all is for the multikey task"):
-        retrieval.RetrievalSpec(task="digits", train_ask_all=True)
-    assert "train_ask_all" not in retrieval.RetrievalSpec(task="multikey").to_dict()
-    assert retrieval.RetrievalSpec(task="multikey", train_ask_all=True).to_dict()["train_ask_all"] is True
+        # the first question asks for the needle the function returns
+        assert bytes(key[i].tolist()).decode() == haystack[int(start[i]) + 1 : int(start[i]) + 6] == tail[2:7]
+    # names are drawn with repeats: 4 draws among 4 keys are all distinct with probability 4!/4^4 (about 0.09), so
+    # asking every key once (where the last is found by elimination) would leave repeated near 0
+    assert repeated > 40
+    with pytest.raises(PosencError, match="several questions are for the multikey task"):
+        retrieval.make_windows(2, 128, None, torch.Generator(), "digits", questions=2)
+    with pytest.raises(PosencError, match="at least one question, got 0"):
+        retrieval.make_windows(2, 128, None, torch.Generator(), "multikey", questions=0)
+    for task, questions in (("digits", 2), ("multikey", 0)):
+        with pytest.raises(PosencError, match="train_questions is for the multikey task"):
+            retrieval.RetrievalSpec(task=task, train_questions=questions)
+    assert "train_questions" not in retrieval.RetrievalSpec(task="multikey").to_dict()
+    assert retrieval.RetrievalSpec(task="multikey", train_questions=4).to_dict()["train_questions"] == 4
+
+
+def test_a_retrieval_spec_may_untie_the_embeddings_and_records_it_only_then():
+    tied, untied = retrieval.RetrievalSpec(task="multikey"), retrieval.RetrievalSpec(task="multikey",
+                                                                                     tie_embeddings=False)
+    assert "tie_embeddings" not in tied.to_dict() and untied.to_dict()["tie_embeddings"] is False
+    assert tied.model_config("rope").tie_embeddings and not untied.model_config("rope").tie_embeddings
 
 
 def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_among_all(tmp_path, monkeypatch):
     seen, asked = [], []
     make = retrieval.make_windows
 
-    def recording(n, length, depth, generator, task="content", keys=retrieval.MULTIKEYS, ask_all=False):
+    def recording(n, length, depth, generator, task="content", keys=retrieval.MULTIKEYS, questions=1):
         seen.append((n, keys))
-        asked.append((n, ask_all))
-        return make(n, length, depth, generator, task, keys, ask_all)
+        asked.append((n, questions))
+        return make(n, length, depth, generator, task, keys, questions)
 
     monkeypatch.setattr(retrieval, "make_windows", recording)
     spec = retrieval.retrieval_preset("retrieval-ci", task="multikey", encodings=("nope",), train_len=64, steps=6,
@@ -237,13 +254,13 @@ def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_amo
     assert training == [(1, 2, 3)[step % 3] for step in range(len(training))] and len(training) >= spec.steps
     assert [k for n, k in seen if n in (spec.monitor_trials, spec.trials)] == \
         [retrieval.MULTIKEYS] * sum(n in (spec.monitor_trials, spec.trials) for n, _ in seen)
-    assert not any(ask for _, ask in asked)
-    # every key asked in turn: the training windows only; the probe and the grid still ask one
+    assert {q for _, q in asked} == {1}
+    # several questions: the training windows only; the probe and the grid still ask one
     asked.clear()
-    retrieval.run_retrieval_unit(dataclasses.replace(spec, train_ask_all=True), "nope", 0, tmp_path / "all", "cpu",
+    retrieval.run_retrieval_unit(dataclasses.replace(spec, train_questions=3), "nope", 0, tmp_path / "q", "cpu",
                                  False, {})
-    assert {ask for n, ask in asked if n == spec.batch_size} == {True}
-    assert {ask for n, ask in asked if n in (spec.monitor_trials, spec.trials)} == {False}
+    assert {q for n, q in asked if n == spec.batch_size} == {3}
+    assert {q for n, q in asked if n in (spec.monitor_trials, spec.trials)} == {1}
 
 
 def test_accuracy_by_absolute_distance_pools_cells_by_their_distance():
@@ -307,3 +324,16 @@ def test_the_multikey_form_is_recorded_with_the_run():
     assert window[at + 1 : at + 6] == bytes(key[0].tolist()) and window[at + 6 : at + 7] == b";"
     # the input ends with the question, the name and the first four digits (the fifth is only a target)
     assert window[-6:-5] == b"?" and window[-5:-4] == window[at : at + 1] and window[-4:] == window[at + 1 : at + 5]
+
+
+def test_the_command_line_passes_the_multikey_training_options(tmp_path):
+    from posenc_lab.__main__ import main
+
+    out = tmp_path / "run"
+    assert main(["retrieval", "--preset", "retrieval-ci", "--task", "multikey", "--encodings", "nope", "--steps", "2",
+                 "--train-len", "72", "--multiples", "1", "--depths", "0.5", "--trials", "2", "--train-questions",
+                 "2", "--untied", "--no-progress", "--out", str(out)]) == 0
+    spec = json.loads((out / "config.json").read_text())["spec"]
+    assert spec["train_questions"] == 2 and spec["tie_embeddings"] is False
+    weights = torch.load(out / "models" / "nope-s0.pt", weights_only=True)
+    assert not torch.equal(weights["head.weight"], weights["tok_emb.weight"])
