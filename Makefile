@@ -65,9 +65,9 @@ results-retrieval: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-cpu --out runs/retrieval-cpu
 	$(call commit_run,retrieval-cpu)
 
-# the retrieval tasks that need positions (chapter 9): five digits in order (and, once a model learns it at the
-# training length, TASKS="digits multikey": the named key among distractors; pending/pilots/README.md);
-# the article's encodings, three seeds each, 4,000 steps (about 75 minutes per task on two quiet cores)
+# the retrieval tasks that need positions (chapter 9): five digits in order, 4,000 steps (about 75 minutes on two
+# quiet cores); TASKS="digits multikey" adds the named key among distractors, 8,000 steps with untied embeddings
+# (about 5.5 hours; pending/pilots/README.md); the article's encodings, three seeds each
 TASKS ?= digits
 results-tasks: env
 	$(foreach task,$(TASKS),$(PY) -m posenc_lab retrieval --preset retrieval-$(task)-cpu --out runs/retrieval-$(task)-cpu && \

@@ -165,10 +165,12 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--trials", type=int, help="windows per (length, depth) cell")
     ret.add_argument("--train-keys", type=_ints, help="multikey: named keys per training window, cycled by step "
                                                       "(e.g. 1,2,3,4); the grid always asks among 4")
-    ret.add_argument("--train-questions", type=int, help="multikey: questions per training window, each naming a "
-                                                         "key drawn at random (the grid asks one)")
+    ret.add_argument("--train-questions", type=_ints, help="multikey: questions per training window, cycled by step "
+                                                           "(e.g. 1,2,3,4), each naming a key drawn at random (the "
+                                                           "grid asks one)")
     ret.add_argument("--untied", dest="tie_embeddings", action="store_false", default=None,
-                     help="separate input embedding and output head (tied by default)")
+                     help="separate input embedding and output head (default: the preset's; tied except "
+                          "in retrieval-multikey-cpu)")
     ret.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     ret.add_argument("--no-progress", action="store_true")
     _distributed_options(ret)

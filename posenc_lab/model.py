@@ -98,6 +98,9 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
+            # an untied model's weights hold two different matrices; loaded here, the head's would silently replace
+            # the embedding: refuse them in one sentence
+            self._register_load_state_dict_pre_hook(self._refuse_untied_weights)
         self.apply(self._init_weights)
         for block in self.blocks:  # GPT-2: residual projections scaled down with depth
             for proj in (block.attn.proj, block.mlp[2]):
@@ -105,6 +108,13 @@ class GPT(nn.Module):
         # the encoding is built after the GPT-2 init so that it keeps its own initialisation
         self.encoding = make_encoding(cfg.encoding, d_model=cfg.d_model, num_heads=cfg.n_head,
                                       train_len=cfg.train_len, **cfg.encoding_options)
+
+    @staticmethod
+    def _refuse_untied_weights(state_dict, prefix, *args):
+        emb, head = state_dict.get(prefix + "tok_emb.weight"), state_dict.get(prefix + "head.weight")
+        if emb is not None and head is not None and not torch.equal(emb, head):
+            raise PosencError("these weights have an output head untied from the embedding: build the model with "
+                              "GPTConfig(tie_embeddings=False)")
 
     @staticmethod
     def _init_weights(module):
@@ -259,6 +269,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, ``6 N + 6 L n d`` (PaLM's accounting with the causal half of attention).
 
-        ``N`` counts the tied embedding once, as the output projection it also is.
+        ``N`` counts the tied embedding once, as the output projection it also is (untied, the input lookup is
+        counted too, a slight overestimate).
         """
         return 6 * self.num_params() + 6 * self.cfg.n_layer * seq_len * self.cfg.d_model

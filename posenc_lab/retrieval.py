@@ -13,8 +13,9 @@ Three tasks, each a small model trained on it alone at the training length (``ta
   must be told from distractors of the same kind, then copied in order. The name is followed by the
   digits directly, so that one look-up of the name finds the key. Its models train differently from
   the other tasks' (``pending/pilots/README.md`` records every pilot): each training window ends
-  with ``train_questions`` questions, each naming a key drawn at random (repeats allowed: asking
-  every key once let the last be found by elimination, a shortcut the pilots caught), and the input
+  with 1 to 4 questions in turn by step (``train_questions``; the one-question windows place needles
+  everywhere the grid does), each naming a key drawn at random (repeats allowed: asking every key
+  once let the last be found by elimination, a shortcut the pilots caught), and the input
   embedding is untied from the output head (``tie_embeddings=False``): tied, the names, never a
   target, drifted to one shared direction and were never told apart.
 
@@ -241,9 +242,10 @@ class RetrievalSpec:
     #: key teaches the copying, the others the choice); empty: MULTIKEYS in every window. The probe of training
     #: accuracy and the grid always ask among MULTIKEYS keys.
     train_keys: tuple[int, ...] = ()
-    #: multikey only: questions at the end of every training window, each naming a key drawn at random (a denser
-    #: signal for the choice of key); the probe and the grid still ask one
-    train_questions: int = 1
+    #: multikey only: the number of questions at the end of the training windows, cycled by step (e.g. (1, 2, 3, 4)),
+    #: each naming a key drawn at random (a denser signal for the choice of key); empty: one. The probe and the grid
+    #: ask one, so the cycle should hold 1: its windows are the only ones whose needles reach the grid's last bytes
+    train_questions: tuple[int, ...] = ()
     #: the input embedding and the output head share one matrix (the language model's GPT-2 form); untied, the
     #: names of the multikey task, never a target, keep apart (see :class:`~posenc_lab.model.GPTConfig`)
     tie_embeddings: bool = True
@@ -272,9 +274,9 @@ class RetrievalSpec:
         if self.train_keys and (self.task != "multikey" or not all(1 <= k <= MULTIKEYS for k in self.train_keys)):
             raise PosencError(f"train_keys is for the multikey task, each 1 to {MULTIKEYS}; got {self.train_keys} "
                               f"for the {self.task} task")
-        if self.train_questions != 1 and (self.task != "multikey" or self.train_questions < 1):
-            raise PosencError(f"train_questions is for the multikey task, at least 1; got {self.train_questions} "
-                              f"for the {self.task} task")
+        if self.train_questions and (self.task != "multikey" or not all(q >= 1 for q in self.train_questions)):
+            raise PosencError(f"train_questions is for the multikey task, each at least 1; got "
+                              f"{self.train_questions} for the {self.task} task")
         if self.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
@@ -291,7 +293,7 @@ class RetrievalSpec:
             del d["task"]
         if not d["train_keys"]:  # nor the training keys unless set (the runs made before they existed)
             del d["train_keys"]
-        if d["train_questions"] == 1:
+        if not d["train_questions"]:
             del d["train_questions"]
         if d["tie_embeddings"]:
             del d["tie_embeddings"]
@@ -314,12 +316,13 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                                 "the article's encodings, three seeds; about 75 minutes"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
                                             encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
-                                            steps=8000, trials=100, train_questions=4, tie_embeddings=False,
+                                            steps=8000, trials=100, train_questions=(1, 2, 3, 4),
+                                            tie_embeddings=False,
                                             notes="the named key among three distractors of the same kind, trained at "
-                                                  "128 bytes for 8,000 steps with four questions per window and "
+                                                  "128 bytes for 8,000 steps with 1-4 questions per window and "
                                                   "untied embeddings (pending/pilots: tied, the names are not told "
                                                   "apart), judged at 1x to 8x, the article's encodings, three seeds; "
-                                                  "about 4.5 hours"),
+                                                  "about 5.5 hours"),
 }
 
 
@@ -373,7 +376,8 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, spec.train_questions)
+        questions = spec.train_questions[step % len(spec.train_questions)] if spec.train_questions else 1
+        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, questions)
         return x, y
 
     def monitor(step):

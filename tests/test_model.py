@@ -50,6 +50,10 @@ def test_untied_embeddings_give_the_head_its_own_matrix_and_are_recorded_only_wh
     opt.step()
     moved = (untied.tok_emb.weight.detach() - before).abs().sum(1) > 0
     assert moved.nonzero().flatten().tolist() == [65]
+    # untied weights are refused by a tied model in one sentence (loaded, the head would replace the embedding)
+    with pytest.raises(pl.PosencError, match="untied from the embedding"):
+        small("rope").load_state_dict(untied.state_dict())
+    small("rope").load_state_dict(tied.state_dict())  # a tied model's own weights still load
 
 
 def test_learned_model_past_training_length_raises_clear_error():

@@ -215,18 +215,30 @@ def test_multikey_windows_with_several_questions_score_each_answer_against_its_o
             "".join(tail[q * 7 + 2 : q * 7 + 7] for q in range(4))
         # the first question asks for the needle the function returns
         assert bytes(key[i].tolist()).decode() == haystack[int(start[i]) + 1 : int(start[i]) + 6] == tail[2:7]
-    # names are drawn with repeats: 4 draws among 4 keys are all distinct with probability 4!/4^4 (about 0.09), so
-    # asking every key once (where the last is found by elimination) would leave repeated near 0
+    # the later names are drawn with repeats: the three after the first are distinct from it and each other with
+    # probability 3!/4^3 (about 0.09), so asking every key once (the last then found by elimination) would leave
+    # repeated at 0
     assert repeated > 40
     with pytest.raises(PosencError, match="several questions are for the multikey task"):
         retrieval.make_windows(2, 128, None, torch.Generator(), "digits", questions=2)
     with pytest.raises(PosencError, match="at least one question, got 0"):
         retrieval.make_windows(2, 128, None, torch.Generator(), "multikey", questions=0)
-    for task, questions in (("digits", 2), ("multikey", 0)):
+    for task, questions in (("digits", (1, 2)), ("multikey", (0, 4))):
         with pytest.raises(PosencError, match="train_questions is for the multikey task"):
             retrieval.RetrievalSpec(task=task, train_questions=questions)
     assert "train_questions" not in retrieval.RetrievalSpec(task="multikey").to_dict()
-    assert retrieval.RetrievalSpec(task="multikey", train_questions=4).to_dict()["train_questions"] == 4
+    assert retrieval.RetrievalSpec(task="multikey", train_questions=(1, 4)).to_dict()["train_questions"] == (1, 4)
+
+
+def test_several_questions_shorten_the_haystack_and_the_depth_places_the_needle_in_it():
+    for questions in (1, 2, 4):
+        _, _, key, start = retrieval.make_windows(4, 128, 1.0, torch.Generator().manual_seed(0), "multikey",
+                                                  questions=questions)
+        last = 129 - questions * 7 - 7  # the haystack's last needle start
+        assert start.tolist() == [last] * 4
+    # only the one-question windows reach the grid's last needle place (why the preset's cycle holds 1)
+    spec = retrieval.RETRIEVAL_PRESETS["retrieval-multikey-cpu"]
+    assert 1 in spec.train_questions and not spec.tie_embeddings
 
 
 def test_a_retrieval_spec_may_untie_the_embeddings_and_records_it_only_then():
@@ -257,9 +269,10 @@ def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_amo
     assert {q for _, q in asked} == {1}
     # several questions: the training windows only; the probe and the grid still ask one
     asked.clear()
-    retrieval.run_retrieval_unit(dataclasses.replace(spec, train_questions=3), "nope", 0, tmp_path / "q", "cpu",
+    retrieval.run_retrieval_unit(dataclasses.replace(spec, train_questions=(1, 3)), "nope", 0, tmp_path / "q", "cpu",
                                  False, {})
-    assert {q for n, q in asked if n == spec.batch_size} == {3}
+    training = [q for n, q in asked if n == spec.batch_size]
+    assert training == [(1, 3)[step % 2] for step in range(len(training))]
     assert {q for n, q in asked if n in (spec.monitor_trials, spec.trials)} == {1}
 
 
@@ -332,8 +345,8 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     out = tmp_path / "run"
     assert main(["retrieval", "--preset", "retrieval-ci", "--task", "multikey", "--encodings", "nope", "--steps", "2",
                  "--train-len", "72", "--multiples", "1", "--depths", "0.5", "--trials", "2", "--train-questions",
-                 "2", "--untied", "--no-progress", "--out", str(out)]) == 0
+                 "1,2", "--untied", "--no-progress", "--out", str(out)]) == 0
     spec = json.loads((out / "config.json").read_text())["spec"]
-    assert spec["train_questions"] == 2 and spec["tie_embeddings"] is False
+    assert spec["train_questions"] == [1, 2] and spec["tie_embeddings"] is False
     weights = torch.load(out / "models" / "nope-s0.pt", weights_only=True)
     assert not torch.equal(weights["head.weight"], weights["tok_emb.weight"])
