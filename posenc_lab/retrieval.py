@@ -187,10 +187,10 @@ def make_windows(n: int, length: int, depth: float | None, generator: torch.Gene
 
 
 @torch.no_grad()
-def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 32,
+def answer_hits(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 32,
                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """Per window, whether the argmax at every answer position (the targets that are not ``IGNORE``, the last
-    ones of the window) is the passkey byte (bool ``n``)."""
+    """Per window and answer position (the targets that are not ``IGNORE``, the last ones of the window), whether
+    the argmax there is the passkey byte (bool ``n x answer``): which byte of the answer a model gets wrong."""
     device = torch.device(device)
     answer = int((targets[0] != IGNORE).sum()) if len(targets) else KEY_LEN
     model.eval().to(device)
@@ -200,8 +200,15 @@ def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_siz
             x, y = inputs[i : i + batch_size].to(device), targets[i : i + batch_size].to(device)
             with autocast(device):
                 logits = model(x)[:, -answer:]  # the last positions predict the passkey
-            out.append((logits.argmax(-1) == y[:, -answer:]).all(-1).cpu())
+            out.append((logits.argmax(-1) == y[:, -answer:]).cpu())
     return torch.cat(out)
+
+
+def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_size: int = 32,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """Per window, whether the argmax at every answer position is the passkey byte (bool ``n``; see
+    :func:`answer_hits`)."""
+    return answer_hits(model, inputs, targets, batch_size=batch_size, device=device).all(-1)
 
 
 def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:

@@ -79,6 +79,9 @@ def test_exact_match_is_all_four_bytes():
     assert retrieval.exact_match(Oracle(y), x, y).all()
     hits = retrieval.exact_match(Oracle(y, wrong_row=3), x, y)
     assert hits.tolist() == [True, True, True, False, True, True, True, True]
+    # byte by byte: only the answer byte predicted at the second-to-last position of row 3 is wrong
+    each = retrieval.answer_hits(Oracle(y, wrong_row=3), x, y)
+    assert each.shape == (8, retrieval.KEY_LEN) and (~each).nonzero().tolist() == [[3, retrieval.KEY_LEN - 2]]
 
 
 def test_loss_is_on_the_answer_only():
@@ -350,3 +353,25 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     assert spec["train_questions"] == [1, 2] and spec["tie_embeddings"] is False
     weights = torch.load(out / "models" / "nope-s0.pt", weights_only=True)
     assert not torch.equal(weights["head.weight"], weights["tok_emb.weight"])
+
+
+def test_the_answer_digits_script_reads_a_run_byte_by_byte(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from posenc_lab.__main__ import main
+
+    out = tmp_path / "run"
+    assert main(["retrieval", "--preset", "retrieval-ci", "--task", "digits", "--encodings", "rope", "--strategies",
+                 "none", "--steps", "2", "--multiples", "1", "--depths", "0,1", "--trials", "2", "--no-progress",
+                 "--out", str(out)]) == 0
+    script = Path(__file__).parent.parent / "scripts" / "answer_digits.py"
+    p = subprocess.run([sys.executable, str(script), str(out), "rope", "0", "--windows", "4"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("rope seed 0, digits, 32 bytes, 4 windows a depth") and len(lines) == 3
+    for line in lines[1:]:  # five shares, each a multiple of 1/4, and the exact match
+        shares = line.split("right by answer byte ")[1].split(";")[0].split()
+        assert len(shares) == retrieval.DIGITS_LEN and all(float(s) * 4 == round(float(s) * 4) for s in shares)

@@ -1,0 +1,41 @@
+"""Which digit of the answer a trained retrieval model gets wrong: the share right at each answer position, by
+needle depth, at the training length (teacher forcing, as the grid reads exact match).
+
+    python scripts/answer_digits.py pending/retrieval-multikey-cpu rope 0 [--windows 128]
+
+reads the run's config.json and its float16 weights models/<encoding>-s<seed>.pt.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from posenc_lab import retrieval
+from posenc_lab.model import GPT
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("encoding")
+    parser.add_argument("seed", type=int)
+    parser.add_argument("--windows", type=int, default=128)
+    args = parser.parse_args()
+    spec_dict = json.loads((args.run / "config.json").read_text())["spec"]
+    spec = retrieval.RetrievalSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec_dict.items()})
+    model = GPT(spec.model_config(args.encoding))
+    weights = torch.load(args.run / "models" / f"{args.encoding}-s{args.seed}.pt", weights_only=True)
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
+    generator = torch.Generator().manual_seed(2026)
+    print(f"{args.encoding} seed {args.seed}, {spec.task}, {spec.train_len} bytes, {args.windows} windows a depth")
+    for depth in spec.depths:
+        x, y, _, _ = retrieval.make_windows(args.windows, spec.train_len, depth, generator, spec.task)
+        hits = retrieval.answer_hits(model, x, y).float()
+        print(f"depth {depth:4.2f}: right by answer byte " + " ".join(f"{h:.2f}" for h in hits.mean(0).tolist())
+              + f"; exact match {hits.prod(-1).mean().item():.2f}")
+
+
+if __name__ == "__main__":
+    main()
