@@ -1,10 +1,11 @@
 """A small GPT-style decoder, identical for every encoding except where the encoding enters.
 
 Pre-norm blocks (LayerNorm -> attention -> residual, LayerNorm -> MLP -> residual), GELU MLP of
-width ``4 d``, tied input/output embeddings (untied on request: ``tie_embeddings=False``), GPT-2 initialisation (normal(0, 0.02), residual
-projections scaled by ``1 / sqrt(2 n_layer)``). One encoding object is shared by all layers:
-its ``embed`` hook runs once on the token embeddings, its ``rotate`` and ``bias`` hooks in every
-layer's attention (T5 shares its bias across layers the same way).
+width ``4 d``, tied input/output embeddings (untied on request: ``tie_embeddings=False``), GPT-2
+initialisation (normal(0, 0.02), residual projections scaled by ``1 / sqrt(2 n_layer)``). One
+encoding object is shared by all layers: its ``embed`` hook runs once on the token embeddings, its
+``rotate`` and ``bias`` hooks in every layer's attention (T5 shares its bias across layers the same
+way).
 """
 
 from __future__ import annotations
