@@ -136,8 +136,8 @@ def model(name: str, encoding: str, *, seed: int = 0, **options):
 
 
 def model_from_run(run_dir: str | Path, encoding: str, *, seed: int = 0, **options):
-    """The trained model ``encoding`` (seed ``seed``) of a run folder (``--out`` of ``python -m posenc_lab run``),
-    in float32 and eval mode; ``options`` as in :func:`model`."""
+    """The trained model ``encoding`` (seed ``seed``) of a run folder (``--out`` of ``python -m posenc_lab run`` or
+    of ``python -m posenc_lab retrieval``), in float32 and eval mode; ``options`` as in :func:`model`."""
     run_dir = Path(run_dir)
     path = run_dir / "models" / f"{encoding}-s{seed}.pt"
     if not (run_dir / "config.json").is_file():
@@ -152,16 +152,25 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
     import torch
 
-    from .experiment import Spec
     from .model import GPT
 
-    spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
-    cfg = spec.model_config(_trained_as(encoding, config))
+    spec = spec_of(config)
+    cfg = spec.model_config(encoding if "task" in config else _trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return net.eval()
+
+
+def spec_of(config: dict):
+    """The spec a run's ``config.json`` records: a :class:`~posenc_lab.retrieval.RetrievalSpec` for a retrieval run
+    (its config describes the task under ``task``), else a language-model :class:`~posenc_lab.experiment.Spec`."""
+    from .experiment import Spec
+    from .retrieval import RetrievalSpec
+
+    kind = RetrievalSpec if "task" in config else Spec
+    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
 
 
 def _trained_as(encoding: str, config: dict) -> str:

@@ -3,7 +3,8 @@ needle depth, at the training length (teacher forcing, as the grid reads exact m
 
     python scripts/answer_digits.py pending/retrieval-multikey-cpu rope 0 [--windows 128]
 
-reads the run's config.json and its float16 weights models/<encoding>-s<seed>.pt.
+reads the run's config.json and its weights models/<encoding>-s<seed>.pt (float32 or float16), as
+:func:`posenc_lab.results.model_from_run` builds any run's model.
 """
 
 import argparse
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from posenc_lab import retrieval
-from posenc_lab.model import GPT
+from posenc_lab import results, retrieval
+from posenc_lab.errors import PosencError
 
 
 def main() -> None:
@@ -23,11 +24,13 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--windows", type=int, default=128)
     args = parser.parse_args()
-    spec_dict = json.loads((args.run / "config.json").read_text())["spec"]
-    spec = retrieval.RetrievalSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec_dict.items()})
-    model = GPT(spec.model_config(args.encoding))
-    weights = torch.load(args.run / "models" / f"{args.encoding}-s{args.seed}.pt", weights_only=True)
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()})
+    try:
+        model = results.model_from_run(args.run, args.encoding, seed=args.seed)
+    except PosencError as error:
+        raise SystemExit(f"answer_digits: {error}") from None
+    spec = results.spec_of(json.loads((args.run / "config.json").read_text()))
+    if not isinstance(spec, retrieval.RetrievalSpec):
+        raise SystemExit(f"answer_digits: {args.run} is a language-model run; this script reads retrieval runs")
     generator = torch.Generator().manual_seed(2026)
     print(f"{args.encoding} seed {args.seed}, {spec.task}, {spec.train_len} bytes, {args.windows} windows a depth")
     for depth in spec.depths:

@@ -353,6 +353,13 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     assert spec["train_questions"] == [1, 2] and spec["tie_embeddings"] is False
     weights = torch.load(out / "models" / "nope-s0.pt", weights_only=True)
     assert not torch.equal(weights["head.weight"], weights["tok_emb.weight"])
+    # results.model_from_run rebuilds a retrieval run's model from its folder, untied as trained, every weight in place
+    from posenc_lab import results
+
+    assert isinstance(results.spec_of(json.loads((out / "config.json").read_text())), retrieval.RetrievalSpec)
+    model = results.model_from_run(out, "nope")
+    assert not model.training and not model.cfg.tie_embeddings and model.cfg.train_len == 72
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 
 
 def test_the_answer_digits_script_reads_a_run_byte_by_byte(tmp_path):
@@ -372,6 +379,10 @@ def test_the_answer_digits_script_reads_a_run_byte_by_byte(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("rope seed 0, digits, 32 bytes, 4 windows a depth") and len(lines) == 3
+    missing = subprocess.run([sys.executable, str(script), str(out), "rope", "1"], capture_output=True, text=True,
+                             timeout=120)  # a seed the run never trained: one line that says so, no traceback
+    assert missing.returncode == 1 and "no trained model for rope seed 1" in missing.stderr
+    assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     for line in lines[1:]:  # five shares, each a multiple of 1/4, and the exact match
         shares = line.split("right by answer byte ")[1].split(";")[0].split()
         assert len(shares) == retrieval.DIGITS_LEN and all(float(s) * 4 == round(float(s) * 4) for s in shares)
