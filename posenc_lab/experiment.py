@@ -446,7 +446,8 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
     ident = {"encoding": encoding, "seed": seed}
     return {"encoding": encoding, "seed": seed, "rows": rows, "per_position": curves,
             "documents": [{**ident, **d} for d in documents], "checkpoints": [{**ident, **c} for c in checkpoints],
-            "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model)}
+            "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model),
+            "resumed_seconds": trained["resumed_seconds"]}
 
 
 def _evaluation_key(row: dict) -> tuple[int, str, int | None]:
@@ -631,7 +632,9 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
 
     A finished unit is written to ``out/units/<encoding>-s<seed>.json`` at once (atomically), so an
     interrupted run continues from the units already done; its checkpoints are then deleted (its
-    final weights stay in ``out/models``). ``after_each(out)`` runs after every unit (the tables).
+    final weights stay in ``out/models``). ``after_each(out)`` runs after every unit (the tables). A unit's
+    ``seconds`` is its wall time, with the training time of any earlier, interrupted process added
+    (``resumed_seconds`` of its record; the evaluation time lost with such a process is not counted).
     """
     log = log if distributed.is_main() else (lambda *a: None)
     for i, (encoding, seed) in enumerate(units, 1):
@@ -642,7 +645,8 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
         log(f"[{i}/{len(units)}] {encoding} seed {seed}")
         t0 = time.perf_counter()
         record = run_one(encoding, seed)
-        record["seconds"] = round(time.perf_counter() - t0, 1)
+        # the unit's wall time: this process's, plus the training time a checkpoint carried from before a resume
+        record["seconds"] = round(time.perf_counter() - t0 + record.pop("resumed_seconds", 0.0), 1)
         if distributed.is_main():  # one process writes; the others wait for the file before going on
             write_atomic(path, json.dumps(record))
             for ckpt in (out / "checkpoints").glob(f"{encoding}-s{seed}*.pt"):

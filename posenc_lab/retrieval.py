@@ -411,7 +411,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
         save_atomic({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
                     out / "models" / f"{encoding}-s{seed}.pt")
     return {"encoding": encoding, "seed": seed, "rows": rows, "train_losses": [round(x, 4) for x in trained["losses"]],
-            "train_accuracy": curve}
+            "train_accuracy": curve, "resumed_seconds": trained["resumed_seconds"]}
 
 
 def write_table(out: Path, rows: list[dict]) -> None:

@@ -180,7 +180,8 @@ def train(
     :func:`data.batch_at` is, for a resumed run to equal an uninterrupted one. ``on_step(step)`` is
     called before the first step of a fresh run and after every step (a probe of the model);
     ``extra_state``, a list it may fill, is saved in the checkpoint and restored on resume.
-    Returns the loss history and throughput.
+    Returns the loss history and throughput; ``resumed_seconds`` is the training time that a checkpoint it
+    resumed from carried (0 for a fresh run), so that a unit's wall time can count what earlier processes spent.
     """
     device = torch.device(device)
     length = length or model.cfg.train_len
@@ -197,6 +198,7 @@ def train(
         if extra_state is not None:
             extra_state[:] = saved.get("extra", [])
     distributed.agree(state["step"], f"the step to resume {desc} from")
+    resumed_seconds = state["seconds"]  # the training time of earlier processes, carried by the checkpoint
 
     def save():
         if checkpoint is not None and distributed.is_main():
@@ -261,4 +263,5 @@ def train(
         "train_tokens": cfg.steps * tokens_per_step,
         "train_seconds": state["seconds"],
         "train_tokens_per_s": cfg.steps * tokens_per_step / max(state["seconds"], 1e-9),
+        "resumed_seconds": resumed_seconds,
     }

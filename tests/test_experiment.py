@@ -197,6 +197,26 @@ def comparable(rows):
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
+def test_a_resumed_unit_counts_the_training_time_of_the_process_before(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
+    stream = torch.randint(0, 256, (4096,))
+    ckpt = tmp_path / "unit.pt"
+    first = train(model, stream, TrainConfig(steps=2, batch_size=2, warmup=1, checkpoint_every=2), checkpoint=ckpt,
+                  progress=False)
+    assert first["resumed_seconds"] == 0.0
+    carried = torch.load(ckpt, weights_only=False)["state"]["seconds"]
+    assert carried == first["train_seconds"] > 0
+    second = train(model, stream, TrainConfig(steps=4, batch_size=2, warmup=1, checkpoint_every=2), checkpoint=ckpt,
+                   progress=False)
+    assert second["resumed_seconds"] == carried and second["train_seconds"] > carried
+    # the runner adds it to the unit's wall time, and the unit file does not keep the field
+    experiment.run_units(tmp_path, [("rope", 0)], lambda e, s: {"encoding": e, "seed": s, "resumed_seconds": 1000.0},
+                         log=lambda *a: None)
+    unit = json.loads((tmp_path / "units" / "rope-s0.json").read_text())
+    assert 1000.0 <= unit["seconds"] < 1010.0 and "resumed_seconds" not in unit
+
+
 @pytest.mark.slow
 def test_resume_after_kill_9_gives_identical_results(tmp_path):
     args = ["run", "--preset", "ci", "--encodings", "t5", "--steps", "300", "--checkpoint-every", "30",
@@ -223,6 +243,8 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
     ua = json.loads((tmp_path / "whole" / "units" / "t5-s0.json").read_text())
     ub = json.loads((tmp_path / "killed" / "units" / "t5-s0.json").read_text())
     assert ua["train_losses"] == ub["train_losses"] and ua["encoding_state"] == ub["encoding_state"]
+    # the resumed unit's wall time holds all of its training, the part before the kill included
+    assert ub["seconds"] >= b[0]["train_seconds"] - 0.1
 
 
 @pytest.mark.parametrize("args,message", [
