@@ -155,7 +155,7 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
     from .model import GPT
 
     spec = spec_of(config)
-    cfg = spec.model_config(encoding if "task" in config else _trained_as(encoding, config))
+    cfg = spec.model_config(_trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
@@ -176,11 +176,14 @@ def spec_of(config: dict):
 def _trained_as(encoding: str, config: dict) -> str:
     """The registered encoding that reproduces what a run trained under the name ``encoding``.
 
-    Runs made before the evaluation text was recorded in ``config.json`` (before issue 19) trained
-    ``sinusoidal`` with the table at RMS 0.02 and unscaled tokens, which is today's
+    Language-model runs made before the evaluation text was recorded in ``config.json`` (before issue
+    19) trained ``sinusoidal`` with the table at RMS 0.02 and unscaled tokens, which is today's
     ``sinusoidal-small``; loading their weights into today's ``sinusoidal`` would pair them with an
-    amplitude they never saw."""
-    if encoding == "sinusoidal" and "evaluation_text" not in config:
+    amplitude they never saw. Retrieval runs (a ``task`` in their config) record no evaluation text,
+    so nothing in their config dates them: they keep their name (every committed retrieval run with
+    weights is later than issue 19; a retrieval run folder older than that would need
+    ``sinusoidal-small`` by hand)."""
+    if encoding == "sinusoidal" and "evaluation_text" not in config and "task" not in config:
         return "sinusoidal-small"
     return encoding
 
