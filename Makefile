@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
+.PHONY: test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -30,10 +30,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-# every test: the package's numerics, the experiment, every notebook (nbval), the .md/.ipynb pairing,
-# the Colab install cell, and the built book in a headless browser
+# every test: the package's numerics, the experiment, every notebook (each run alone as Colab opens it, its
+# outputs compared by nbval), the .md/.ipynb pairing, the Colab install cell, the built book in a headless browser;
+# the slowest tests are listed at the end
 test: env mathjax
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+# nbval on every chapter in .venv, cell by cell (make test runs each chapter alone instead)
+test-notebooks: env
+	$(PY) -m pytest -q notebooks
 
 # the quick subset: no training, no book build
 test-fast: env

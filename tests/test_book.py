@@ -99,42 +99,46 @@ def clean_source(dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="module")
+def colab(tmp_path_factory):
+    """One Colab-like environment for the module's tests: its python, its environment variables, its folder."""
+    root = tmp_path_factory.mktemp("colab")
+    return colab_like_venv(root / "venv"), colab_env(root), root
+
+
 @pytest.mark.slow
-def test_colab_like_environment_installs_the_package(tmp_path):
+def test_colab_like_environment_installs_the_package(colab):
     """A Python that has torch and friends but not posenc_lab, as on Colab: the first cell installs it."""
-    py = colab_like_venv(tmp_path / "colab")
-    env = colab_env(tmp_path)
+    py, env, root = colab
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "posenc-lab"], capture_output=True, env=env)
     probe = "import importlib.util; print(importlib.util.find_spec('posenc_lab') is None)"
-    before = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+    before = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=root, env=env)
     assert before.stdout.strip() == "True", "the simulated Colab already has posenc_lab"
     cell = install_cell(NOTEBOOKS[0])
     check = cell + ("\nimport posenc_lab\nfrom posenc_lab import results\nprint('device', device, 'posenc_lab', "
                     "posenc_lab.__version__, posenc_lab.__file__, results.folder('cpu'))\n")
-    result = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    result = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "device cpu posenc_lab 0.1.0" in result.stdout and str(tmp_path / "colab") in result.stdout
+    assert "device cpu posenc_lab 0.1.0" in result.stdout and str(root / "venv") in result.stdout
     assert "site-packages/posenc_lab/committed/cpu" in result.stdout  # the committed results came with the package
 
 
 @pytest.mark.slow
-def test_every_chapter_runs_alone_as_colab_opens_it(tmp_path):
-    """Each chapter's .ipynb, copied alone into an empty folder, executed top to bottom in an environment without
-    posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook read."""
-    py = colab_like_venv(tmp_path / "colab")
-    env = colab_env(tmp_path)
-    failures = []
-    for md in NOTEBOOKS:
-        alone = tmp_path / "alone" / md.stem
-        alone.mkdir(parents=True)
-        shutil.copy(md.with_suffix(".ipynb"), alone)
-        subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "posenc-lab"], capture_output=True, env=env)
-        result = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                                 "--nbval", "--nbval-current-env", "--nbval-cell-timeout=900", md.with_suffix(".ipynb").name],
-                                capture_output=True, text=True, cwd=alone, env=env, timeout=1800)
-        if result.returncode:
-            missing = sorted(set(re.findall(r"(?:FileNotFoundError|No such file or directory)[^\n]*", result.stdout)))
-            failures.append(f"{md.stem}: " + ("; ".join(missing) if missing else result.stdout[-1500:]))
-    assert not failures, "chapters that do not run alone:\n" + "\n".join(failures)
+@pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
+def test_chapter_runs_alone_as_colab_opens_it(md, colab, tmp_path):
+    """The chapter's .ipynb, copied alone into an empty folder, executed top to bottom by nbval in an environment
+    without posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook
+    read. This is the test suite's one execution of each chapter (`make test-notebooks` runs them in .venv)."""
+    py, env, _ = colab
+    alone = tmp_path / md.stem
+    alone.mkdir()
+    shutil.copy(md.with_suffix(".ipynb"), alone)
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "posenc-lab"], capture_output=True, env=env)
+    result = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                             "--nbval", "--nbval-current-env", "--nbval-cell-timeout=900", md.with_suffix(".ipynb").name],
+                            capture_output=True, text=True, cwd=alone, env=env, timeout=1800)
+    missing = sorted(set(re.findall(r"(?:FileNotFoundError|No such file or directory)[^\n]*", result.stdout)))
+    assert result.returncode == 0, f"{md.stem} does not run alone: " + ("; ".join(missing) or result.stdout[-3000:])
 
 
 class PageScan(HTMLParser):
