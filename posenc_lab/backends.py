@@ -17,8 +17,9 @@ every second position, is scored as such by every backend. Backends:
   that causal attention never computes the keys a block cannot see. Trains on every device. The
   mask has the queries' dtype: under bf16 autocast a large bias is rounded (ALiBi's gentlest head
   at distance 16k, about -62.5, to steps of 0.25), where ``flex`` computes the bias in float32.
-* ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: no ``n x n``
-  tensor anywhere. CUDA, or forward only on CPU.
+* ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: compiled on CUDA,
+  no ``n x n`` tensor anywhere. On the CPU forward only, and uncompiled: torch then builds the whole
+  ``n x n`` score square (a reference path, slow; ``sdpa`` is the CPU's fast one).
 * ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 
 Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
