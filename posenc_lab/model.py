@@ -247,7 +247,9 @@ class GPT(nn.Module):
             return lambda: None
         saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
         factor = enc.factor
-        if enc.scaling in ("pi", "ntk", "yarn") and factor is None:
+        # every strategy whose factor follows the length (PI, NTK, YaRN, Llama 3, any registered later); dynamic
+        # NTK derives its own
+        if enc.scaling not in ("none", "dynamic-ntk") and factor is None:
             factor = max(1.0, final_len / enc.train_len)
         enc.set_scaling(enc.scaling, factor, dynamic=dynamic or enc.dynamic, **enc.scaling_options)
 

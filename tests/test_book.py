@@ -128,7 +128,8 @@ def test_colab_like_environment_installs_the_package(colab):
 def test_chapter_runs_alone_as_colab_opens_it(md, colab, tmp_path):
     """The chapter's .ipynb, copied alone into an empty folder, executed top to bottom by nbval in an environment
     without posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook
-    read. This is the test suite's one execution of each chapter (`make test-notebooks` runs them in .venv)."""
+    read. This is the suite's nbval check of each chapter (`make test-notebooks` runs nbval in .venv; the built-book
+    test executes the chapters once more, comparing nothing)."""
     py, env, _ = colab
     alone = tmp_path / md.stem
     alone.mkdir()

@@ -30,7 +30,7 @@ def prompt(n=6, batch=2):
 
 # randomized positions draw a whole window's positions together: no cache serves them (tests/test_variants.py)
 CASES = [(name, {}) for name in sorted(pl.ENCODINGS) if name not in ("learned", "rope-random", "learned-random")] + [
-    ("rope", {"scaling": s}) for s in ("pi", "ntk", "yarn")] + [("rope", {"layout": "interleaved"})]
+    ("rope", {"scaling": s}) for s in ("pi", "ntk", "yarn", "llama3")] + [("rope", {"layout": "interleaved"})]
 
 
 @pytest.mark.parametrize("device", DEVICES)
