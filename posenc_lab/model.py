@@ -272,7 +272,11 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, ``6 N + 6 L n d`` (PaLM's accounting with the causal half of attention).
 
-        ``N`` counts the tied embedding once, as the output projection it also is (untied, the input lookup is
-        counted too, a slight overestimate).
+        ``N`` counts the parameters a token is multiplied by: the tied embedding once, as the output projection it
+        also is. Parameters that are only looked up are left out: an untied input embedding, and the encoding's
+        own (a learned position table, T5's table, KERPLE's and FIRE's few, evaluated per distance, not per token).
         """
-        return 6 * self.num_params() + 6 * self.cfg.n_layer * seq_len * self.cfg.d_model
+        looked_up = sum(p.numel() for p in self.encoding.parameters())
+        if self.head.weight is not self.tok_emb.weight:
+            looked_up += self.tok_emb.weight.numel()
+        return 6 * (self.num_params() - looked_up) + 6 * self.cfg.n_layer * seq_len * self.cfg.d_model

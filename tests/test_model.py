@@ -32,6 +32,19 @@ def test_models_differ_only_in_the_encoding():
     assert len(set(counts.values())) == 1
 
 
+@pytest.mark.parametrize("encoding", sorted(pl.ENCODINGS))
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_flops_count_the_weights_a_token_is_multiplied_by(encoding, tied):
+    """6 N + 6 L n d with N the weights of every nn.Linear (the tied head included) and the layer norms': a lookup
+    (a learned position table, an untied input embedding, a bias encoding's parameters) does no multiply per token."""
+    model = small(encoding, tie_embeddings=tied)
+    linear = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters())
+    norms = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters())
+    # FIRE's network runs per distance, not per token
+    linear -= sum(p.numel() for m in model.encoding.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters())
+    assert model.flops_per_token(16) == 6 * (linear + norms) + 6 * 2 * 16 * 32
+
+
 def test_untied_embeddings_give_the_head_its_own_matrix_and_are_recorded_only_when_set():
     tied, untied = small("rope"), small("rope", tie_embeddings=False)
     assert tied.head.weight is tied.tok_emb.weight and untied.head.weight is not untied.tok_emb.weight
