@@ -1,4 +1,4 @@
-"""The training step against this machine's measured matmul rate: matmul throughput, model-FLOPs utilisation, where
+"""The training step against this machine's measured matmul rate: model-FLOPs utilisation, where
 the time goes, and what each speed lever buys, all measured in one run.
 
     python benchmarks/step.py --smoke
@@ -9,9 +9,9 @@ Four measurements, each against a baseline taken in the same run:
 * **the limit**: float32 matrix multiplies of exactly the shapes one training step multiplies (every
   linear layer forward, its input gradient and its weight gradient; batch x length rows), timed back
   to back with the threads the run uses. Their summed FLOPs over their summed time is the rate at which
-  this CPU ran the step's matrix work in isolation (``limit_gflops``: a measured rate at these shapes, not a
-  hardware ceiling); a square 1024 multiply, usually faster, is printed beside it. The limit is measured in every round, between the encodings' steps,
-  and the best round counts, as for the steps: a machine whose speed drifts (a shared host) cannot
+  this CPU ran the step's matrix work in isolation (``limit_gflops``: a measured rate at these shapes, not
+  a hardware ceiling); a square 1024 multiply, usually faster, is printed beside it. The limit is
+  measured in every round, between the encodings' steps, and the best round counts, as for the steps: a machine whose speed drifts (a shared host) cannot
   give the limit a slower moment than the steps it is compared with.
 * **MFU**: each encoding's training step (forward, backward, gradient clipping, AdamW, as ``train``
   runs it), tokens/s, and model FLOPs per token ``6 N + 6 L n d`` (PaLM's accounting, the causal half

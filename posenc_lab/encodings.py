@@ -409,12 +409,18 @@ class RoPE(Encoding):
         return torch.cat([turned, x[..., self.rotary_dim :]], dim=-1)
 
     @property
+    def factor_follows_length(self) -> bool:
+        """Whether the strategy's factor is ``max(1, n / train_len)`` for each call's length ``n`` (any strategy but
+        ``none`` with ``factor=None``; dynamic NTK derives its own and is not counted here)."""
+        return self.scaling not in ("none", "dynamic-ntk") and self.factor is None
+
+    @property
     def cacheable(self) -> bool:
         """A cache cannot serve a rotation that changes with the length for keys already cached: dynamic NTK's
-        ``"sequence"`` form, or a PI / NTK / YaRN factor that follows the length (``factor=None``)."""
+        ``"sequence"`` form, or a factor that follows the length (``factor_follows_length``)."""
         if self.scaling == "dynamic-ntk":
             return self.dynamic == "cache"
-        return self.scaling == "none" or self.factor is not None
+        return not self.factor_follows_length
 
     def extra_repr(self):
         parts = f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"

@@ -246,11 +246,7 @@ class GPT(nn.Module):
         if not isinstance(enc, RoPE):  # RoPE and its variants
             return lambda: None
         saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
-        factor = enc.factor
-        # every strategy whose factor follows the length (PI, NTK, YaRN, Llama 3, any registered later); dynamic
-        # NTK derives its own
-        if enc.scaling not in ("none", "dynamic-ntk") and factor is None:
-            factor = max(1.0, final_len / enc.train_len)
+        factor = max(1.0, final_len / enc.train_len) if enc.factor_follows_length else enc.factor
         enc.set_scaling(enc.scaling, factor, dynamic=dynamic or enc.dynamic, **enc.scaling_options)
 
         def restore():
