@@ -72,11 +72,12 @@ results-retrieval: env
 
 # the retrieval tasks that need positions (chapter 9): five digits in order, 4,000 steps (about 75 minutes on two
 # quiet cores); TASKS="digits multikey" adds the named key among distractors, 8,000 steps with untied embeddings
-# (about 5.5 hours; pending/pilots/README.md); the article's encodings, three seeds each
+# (about 5.5 hours; pending/pilots/README.md); the article's encodings, three seeds each; seed 0's
+# weights are kept as float16 (scripts/answer_digits.py reads them)
 TASKS ?= digits
 results-tasks: env
 	$(foreach task,$(TASKS),$(PY) -m posenc_lab retrieval --preset retrieval-$(task)-cpu --out runs/retrieval-$(task)-cpu && \
-	  $(call commit_run,retrieval-$(task)-cpu) && ) true
+	  $(call commit_run,retrieval-$(task)-cpu) && $(call export_seed0,retrieval-$(task)-cpu) && ) true
 
 # the context experiment on article-cpu's models (chapter 9; inference only, about 45 minutes): needs the weights
 # of every seed in runs/article-cpu/models, which only the machine that trained them has (run results-article first);

@@ -129,7 +129,7 @@ def test_chapter_runs_alone_as_colab_opens_it(md, colab, tmp_path):
     """The chapter's .ipynb, copied alone into an empty folder, executed top to bottom by nbval in an environment
     without posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook
     read. This is the suite's nbval check of each chapter (`make test-notebooks` runs nbval in .venv; the built-book
-    test executes the chapters once more, comparing nothing)."""
+    test renders these committed outputs without executing the chapters again)."""
     py, env, _ = colab
     alone = tmp_path / md.stem
     alone.mkdir()
@@ -193,24 +193,72 @@ def dump_dom(browser: str, page: Path, profile: Path, *, window: str | None = No
         capture_output=True, text=True, timeout=180).stdout
 
 
+def warm_execution_cache(build: Path) -> None:
+    """Put every committed, executed chapter into the build's execution cache (`execute_notebooks: cache`), so that
+    `jupyter-book build` renders the committed outputs instead of executing each chapter again. The cache matches a
+    chapter by the hash of its code cells, read from its .md; the paired .ipynb has the same cells (checked above),
+    and its outputs are the ones nbval reproduces in `test_chapter_runs_alone_as_colab_opens_it`."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(build / "_build" / ".jupyter_cache"))  # where myst-nb looks: beside _build/html
+    for md in NOTEBOOKS:
+        cache.cache_notebook_file(str(md.with_suffix(".ipynb")), check_validity=True)
+
+
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory):
+    """The book built from the committed chapters' outputs (`make book` executes them itself), with -W and -n."""
     out = tmp_path_factory.mktemp("book")
     subprocess.run(["make", "-s", "mathjax"], cwd=ROOT, check=True)
+    warm_execution_cache(out)
     jupyter_book = Path(sys.executable).parent / "jupyter-book"
     result = subprocess.run([str(jupyter_book), "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"],
                             capture_output=True, text=True, timeout=1500)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    executed = re.findall(r"Executing notebook[^\n]*", log)
+    assert not executed, f"{len(executed)} chapter(s) missed the warmed cache and were executed again: {log[-3000:]}"
     return out / "_build" / "html"
 
 
-@pytest.mark.slow
-def test_book_pages_in_a_real_browser(built_book):
+# measured in the page after load: every code block, printed output and output table that is wider than its box
+_OVERFLOW_PROBE = """<script>window.addEventListener("load", () => setTimeout(() => {
+  const wide = [...document.querySelectorAll("article pre, article div.cell_output, article table")]
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.tagName + ": " + e.textContent.trim().slice(0, 70));
+  document.body.setAttribute("data-overflow", JSON.stringify(wide));
+}, 500));</script>"""
+
+
+
+def dump_doms(browser: str, jobs: list[tuple[Path, Path, str | None]]) -> list[str]:
+    """``dump_dom`` for each (page, profile, window), two browsers at a time (one a core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda job: dump_dom(browser, job[0], job[1], window=job[2]), jobs))
+
+
+@pytest.fixture(scope="module")
+def chapter_doms(built_book):
+    """Each chapter's DOM after its scripts ran, opened once at 1300 x 1800 with the width probe added (a copy of
+    the page beside it, so that its relative links still resolve)."""
     browser = chromium()
+    jobs = []
     for stem in CHAPTERS:
         page = built_book / "notebooks" / f"{stem}.html"
         assert page.exists(), f"{page} was not built"
-        dom = dump_dom(browser, page, built_book.parent / f"chrome-{stem}")
+        probe = page.with_name(f"{stem}-probe.html")
+        probe.write_text(page.read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
+        jobs.append((probe, built_book.parent / f"chrome-{stem}", "1300,1800"))
+    return dict(zip(CHAPTERS, dump_doms(browser, jobs)))
+
+
+@pytest.mark.slow
+def test_book_pages_in_a_real_browser(built_book, chapter_doms):
+    for stem in CHAPTERS:
+        page = built_book / "notebooks" / f"{stem}.html"
+        dom = chapter_doms[stem]
         scan = PageScan()
         scan.feed(dom)
         text = " ".join(scan.text)
@@ -236,25 +284,11 @@ def test_book_pages_in_a_real_browser(built_book):
             assert dom.count('class="slider-container"') >= explorable, f"{stem}: a slider was not drawn (no Plotly?)"
 
 
-# measured in the page after load: every code block, printed output and output table that is wider than its box
-_OVERFLOW_PROBE = """<script>window.addEventListener("load", () => setTimeout(() => {
-  const wide = [...document.querySelectorAll("article pre, article div.cell_output, article table")]
-    .filter(e => e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.tagName + ": " + e.textContent.trim().slice(0, 70));
-  document.body.setAttribute("data-overflow", JSON.stringify(wide));
-}, 500));</script>"""
-
-
 @pytest.mark.slow
-def test_no_sideways_scrolling_at_1300_px(built_book):
+def test_no_sideways_scrolling_at_1300_px(chapter_doms):
     """Issue 24: opened at 1300 x 1800, no code block, printed output or table of a chapter scrolls sideways."""
-    browser = chromium()
     wide = {}
-    for stem in CHAPTERS:
-        page = built_book / "notebooks" / f"{stem}.html"
-        probe = page.with_name(f"{stem}-probe.html")  # beside the page, so its relative links still resolve
-        probe.write_text(page.read_text().replace("</body>", _OVERFLOW_PROBE + "</body>"))
-        dom = dump_dom(browser, probe, built_book.parent / f"chrome-wide-{stem}", window="1300,1800")
+    for stem, dom in chapter_doms.items():
         found = re.search(r'data-overflow="([^"]*)"', dom)
         assert found, f"{stem}: the width probe did not run"
         items = json.loads(html_text.unescape(found.group(1)))
@@ -266,14 +300,6 @@ def test_no_sideways_scrolling_at_1300_px(built_book):
 REFERENCE_PAGES = sorted((ROOT / "book" / "reference").glob("*.md"))
 
 
-def rendered(browser: str, page: Path, profile: Path) -> PageScan:
-    """The page's DOM after its scripts ran (MathJax included), scanned."""
-    dom = dump_dom(browser, page, profile)
-    scan = PageScan()
-    scan.feed(dom)
-    return scan
-
-
 @pytest.mark.slow
 def test_reference_pages_in_a_real_browser(built_book):
     """The package reference: one page per module, each public function and class of the module on it (an
@@ -283,10 +309,13 @@ def test_reference_pages_in_a_real_browser(built_book):
 
     browser = chromium()
     assert len(REFERENCE_PAGES) > 10
-    for md in REFERENCE_PAGES:
-        page = built_book / "book" / "reference" / f"{md.stem}.html"
-        assert page.exists(), f"{page} was not built"
-        scan = rendered(browser, page, built_book.parent / f"chrome-ref-{md.stem}")
+    pages = [built_book / "book" / "reference" / f"{md.stem}.html" for md in REFERENCE_PAGES]
+    missing = [page.name for page in pages if not page.exists()]
+    assert not missing, f"not built: {missing}"
+    doms = dump_doms(browser, [(page, built_book.parent / f"chrome-ref-{page.stem}", None) for page in pages])
+    for md, dom in zip(REFERENCE_PAGES, doms):
+        scan = PageScan()
+        scan.feed(dom)
         text = " ".join(scan.text)
         source = md.read_text()
         if "$" in source:
