@@ -108,10 +108,11 @@ def _dynamic_ntk(dim, base, factor, train_len, seq_len):
     """Dynamic NTK: NTK-aware scaling with ``s = max(1, seq_len / train_len)`` for the current length.
 
     At or below the training length it is exactly plain RoPE. (The rule of emozilla's dynamic
-    scaling and of Hugging Face's ``dynamic`` RoPE with ``factor = 1``; Qwen's variant instead rounds
-    its ``alpha`` up to a power of two and fixes it at the prompt.) The factor is always derived
-    from ``seq_len``; a position-wise variant, where the token at position ``p`` uses the base for
-    length ``p + 1`` as in generation with a key/value cache, is :func:`dynamic_ntk_angles`.
+    scaling and of Hugging Face's ``dynamic`` RoPE with ``factor = 1``; Qwen's variant instead sets
+    ``alpha = 2 ** ceil(log2(s) + 1) - 1``, one less than a power of two, and fixes it at the
+    prompt.) The factor is always derived from ``seq_len``; a position-wise variant, where the
+    token at position ``p`` uses the base for length ``p + 1`` as in generation with a key/value
+    cache, is :func:`dynamic_ntk_angles`.
     """
     s = max(1.0, seq_len / train_len)
     return inv_freq(dim, ntk_base(base, s, dim)), 1.0
