@@ -261,13 +261,19 @@ def compare(a, b, *, alpha: float = ALPHA) -> Comparison:
 def compare_paired(a: pd.Series, b: pd.Series, *, alpha: float = ALPHA) -> Comparison:
     """The paired t-test of two samples indexed by seed, over the seeds both have: for two strategies
     applied to the same trained model, and for two encodings trained with the same seed (they see
-    the same batches in the same order, :func:`data.batch_at`)."""
+    the same batches in the same order, :func:`data.batch_at`).
+
+    Differences that do not vary over the seeds (as when every seed scores 0.998 at one length and 0
+    at another) leave the test nothing to estimate its error from: no test (``p`` NaN), also when
+    rounding in the subtraction leaves them unequal in the last bits, which would otherwise give an
+    unbounded ``t``."""
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
     if both.empty:
         return _nan_comparison(math.nan, math.nan, (0, 0), "paired", alpha)
-    diff, ref = float((both.a - both.b).mean()), float(both.b.mean())
+    d = (both.a - both.b).to_numpy(dtype=float)
+    diff, ref = float(d.mean()), float(both.b.mean())
     n = (len(both), len(both))
-    if len(both) < 2 or (both.a - both.b).std() == 0:
+    if len(both) < 2 or np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, n, "paired", alpha)
     return _finish(diff, ref, stats.ttest_rel(both.a, both.b), n, "paired", alpha)
 

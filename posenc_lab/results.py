@@ -30,6 +30,9 @@ RUNS = {
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
     "retrieval-digits-cpu": "make results-tasks: five digits copied in order (one shared alphabet), 1x to 8x the "
                             "training length, the article's five encodings, three seeds",
+    "retrieval-multikey-cpu": "make results-tasks TASKS=multikey: the named key among three distractors of the same "
+                              "kind, 1x to 8x the training length, the article's five encodings, three seeds "
+                              "(untied embeddings, 8,000 steps)",
     "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
     "variants-cpu": "make results-variants: what today's models run (chapter 12): partial rotary, p-RoPE, bases 500 and "

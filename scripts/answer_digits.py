@@ -1,7 +1,7 @@
 """Which digit of the answer a trained retrieval model gets wrong: the share right at each answer position, by
 needle depth, at the training length (teacher forcing, as the grid reads exact match).
 
-    python scripts/answer_digits.py pending/retrieval-multikey-cpu rope 0 [--windows 128]
+    python scripts/answer_digits.py results/retrieval-multikey-cpu rope 0 [--windows 128]
 
 reads the run's config.json and its weights models/<encoding>-s<seed>.pt (float32 or float16), as
 :func:`posenc_lab.results.model_from_run` builds any run's model.

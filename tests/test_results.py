@@ -7,7 +7,7 @@ from posenc_lab import PosencError, report, results
 
 
 @pytest.mark.parametrize("name", ["cpu", "cpu-finetune", "article-cpu", "article-long", "retrieval-cpu",
-                                  "retrieval-digits-cpu", "variants-cpu"])
+                                  "retrieval-digits-cpu", "retrieval-multikey-cpu", "variants-cpu"])
 def test_every_committed_run_loads(name):
     rows, units, config = results.load(name)
     assert rows and units and config["spec"]
