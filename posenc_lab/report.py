@@ -235,6 +235,13 @@ def _finish(diff, ref, result, n, kind, alpha) -> Comparison:
     return Comparison(diff, diff / abs(ref) if ref else math.nan, t, df, p, n, kind, alpha)
 
 
+def _no_spread(values: np.ndarray) -> bool:
+    """Whether ``values`` do not vary, to rounding: a t-test then has nothing to estimate its error from. Equal
+    values can come out unequal in their last bits (``np.std([0.998] * 3)`` is about 1e-16, not 0), which would
+    otherwise give an unbounded ``t``."""
+    return len(values) == 0 or float(np.ptp(values)) <= 1e-12 * max(1.0, float(np.abs(values).max()))
+
+
 def compare(a, b, *, alpha: float = ALPHA) -> Comparison:
     """Welch's t-test of two samples (values over seeds); ``b`` may be a number (a one-sample t-test
     against a threshold). NaN values (cannot extrapolate) are dropped."""
@@ -245,7 +252,7 @@ def compare(a, b, *, alpha: float = ALPHA) -> Comparison:
         if not len(a):
             return _nan_comparison(math.nan, math.nan, (0, math.inf), "threshold", alpha)
         diff = float(a.mean()) - ref
-        if len(a) < 2 or a.std() == 0:
+        if len(a) < 2 or _no_spread(a):
             return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, (len(a), math.inf), "threshold", alpha)
         return _finish(diff, ref, stats.ttest_1samp(a, ref), (len(a), math.inf), "threshold", alpha)
     b = np.asarray(b, dtype=float)
@@ -253,7 +260,7 @@ def compare(a, b, *, alpha: float = ALPHA) -> Comparison:
     if not len(a) or not len(b):
         return _nan_comparison(math.nan, math.nan, (len(a), len(b)), "welch", alpha)
     diff, ref = float(a.mean() - b.mean()), float(b.mean())
-    if min(len(a), len(b)) < 2 or (a.std() == 0 and b.std() == 0):
+    if min(len(a), len(b)) < 2 or (_no_spread(a) and _no_spread(b)):
         return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, (len(a), len(b)), "welch", alpha)
     return _finish(diff, ref, stats.ttest_ind(a, b, equal_var=False), (len(a), len(b)), "welch", alpha)
 
@@ -264,16 +271,14 @@ def compare_paired(a: pd.Series, b: pd.Series, *, alpha: float = ALPHA) -> Compa
     the same batches in the same order, :func:`data.batch_at`).
 
     Differences that do not vary over the seeds (as when every seed scores 0.998 at one length and 0
-    at another) leave the test nothing to estimate its error from: no test (``p`` NaN), also when
-    rounding in the subtraction leaves them unequal in the last bits, which would otherwise give an
-    unbounded ``t``."""
+    at another), to rounding, leave the test nothing to estimate its error from: no test (``p`` NaN)."""
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
     if both.empty:
         return _nan_comparison(math.nan, math.nan, (0, 0), "paired", alpha)
     d = (both.a - both.b).to_numpy(dtype=float)
     diff, ref = float(d.mean()), float(both.b.mean())
     n = (len(both), len(both))
-    if len(both) < 2 or np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
+    if len(both) < 2 or _no_spread(d):
         return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, n, "paired", alpha)
     return _finish(diff, ref, stats.ttest_rel(both.a, both.b), n, "paired", alpha)
 

@@ -418,8 +418,9 @@ def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
 
 def test_paired_differences_equal_but_for_rounding_get_no_test_as_equal_ones_do():
     """Every seed 0.998 at one length and 0 at another: the differences do not vary, so the paired t-test has no
-    spread to work with. 0.998 - 0.0 and a sum of 0.998's parts can differ in the last bit; that must not turn
-    "no test" into an unbounded t and a verdict."""
+    spread to work with. 0.998 reached in different ways can differ in the last bit, and the standard deviation of
+    three equal 0.998's is not 0 in floating point; neither may turn "no test" into an unbounded t and a verdict,
+    in the paired test nor in the one-sample and Welch tests."""
     exact = report.compare_paired(pd.Series([0.0, 0.0, 0.0]), pd.Series([0.998, 0.998, 0.998]))
     parts = pd.Series([float(np.mean([1.0, 1.0, 0.994])), 499 / 500, 1 - 0.002])  # 0.998, reached three ways
     assert np.ptp(parts.to_numpy() - 0.0) > 0  # unequal in the last bits
@@ -429,3 +430,7 @@ def test_paired_differences_equal_but_for_rounding_get_no_test_as_equal_ones_do(
         assert report.verdict([c], "<") == "not resolved (the means point to holds)"
     varied = report.compare_paired(pd.Series([0.0, 0.01, 0.0]), pd.Series([0.998, 0.99, 0.97]))
     assert varied.p < 0.05 and report.verdict([varied], "<") == "holds"
+    assert np.std([0.998] * 3) > 0  # not 0 in floating point
+    for c in (report.compare([0.998] * 3, 0.5), report.compare([0.998] * 3, [0.0] * 3)):
+        assert math.isnan(c.p) and c.diff == pytest.approx(0.498 if c.kind == "threshold" else 0.998)
+    assert report.compare([0.998, 0.99, 0.97], [0.0, 0.01, 0.0]).p < 0.05
