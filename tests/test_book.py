@@ -230,9 +230,8 @@ _OVERFLOW_PROBE = """<script>window.addEventListener("load", () => setTimeout(()
 }, 500));</script>"""
 
 
-
 def dump_doms(browser: str, jobs: list[tuple[Path, Path, str | None]]) -> list[str]:
-    """``dump_dom`` for each (page, profile, window), two browsers at a time (one a core)."""
+    """``dump_dom`` for each (page, profile, window), one browser a core at a time (at least two)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
