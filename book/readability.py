@@ -1,0 +1,173 @@
+"""Sentence lengths of the book's prose: per chapter, the mean words per sentence, the share over 40 words and
+the longest sentence.
+
+    python book/readability.py                 # every chapter, the README and the landing page
+    python book/readability.py notebooks/03_rope.md --longest 5
+
+Prose is the Markdown outside code cells and fenced code, display math, tables, headings, HTML comments,
+front matter and directive lines (a directive's fence and its ``:option:`` lines; the text inside an
+exercise, a note or a figure caption is prose and counts). Inline math and inline code count as one word.
+A sentence ends at ``.``, ``!`` or ``?`` followed by a space and a capital, a digit or an opening bracket, at
+a blank line and at the end of a list item.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the book's targets, held by tests/test_readability.py
+TARGETS = {"mean": 20.0, "share_over_40": 0.05, "longest": 60}
+_LONG = 40
+# fenced blocks whose content is not prose
+_NOT_PROSE = re.compile(r"^(`{3,}|~{3,}|:{3,})\s*(\{(code-cell|code|code-block|math|raw|list-table|csv-table|"
+                        r"literalinclude|bibliography|tableofcontents|mermaid)\}|[a-z0-9+-]*\s*$)")
+_FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})")
+_END = re.compile(r"(?<=[.!?])[\"')\]*_]*\s+(?=[\"'(\[*_]*[A-Z0-9(])")
+_ABBREVIATIONS = ("e.g.", "i.e.", "et al.", "cf.", "vs.", "Fig.", "Eq.", "eq.", "approx.", "resp.", "No.")
+
+
+@dataclass
+class Stats:
+    name: str
+    sentences: list[str]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [words(s) for s in self.sentences]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.lengths) if self.sentences else 0.0
+
+    @property
+    def share_over_40(self) -> float:
+        return sum(n > _LONG for n in self.lengths) / len(self.sentences) if self.sentences else 0.0
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths, default=0)
+
+    def meets(self, targets: dict = TARGETS) -> bool:
+        return (self.mean <= targets["mean"] and self.share_over_40 <= targets["share_over_40"]
+                and self.longest <= targets["longest"])
+
+
+def words(sentence: str) -> int:
+    """Words of a sentence: whitespace-separated tokens that hold a letter or a digit."""
+    return sum(bool(re.search(r"[A-Za-z0-9]", t)) for t in sentence.split())
+
+
+def prose_blocks(text: str) -> list[str]:
+    """The prose of a Markdown (MyST) document as paragraphs and list items, markup reduced to words."""
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "---":  # front matter
+        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+        lines = lines[end + 1:]
+    blocks, current, skip_fence, in_math, in_comment = [], [], None, False, False
+
+    def flush():
+        if current:
+            blocks.append(" ".join(current))
+            current.clear()
+
+    for raw in lines:
+        line = raw.strip()
+        if in_comment:
+            in_comment = "-->" not in line
+            continue
+        if skip_fence:
+            if line.startswith(skip_fence) and line.strip(skip_fence[0]) == "":
+                skip_fence = None
+            continue
+        if in_math:
+            in_math = not line.endswith("$$")
+            continue
+        if line.startswith("<!--"):
+            flush()
+            in_comment = "-->" not in line
+            continue
+        if line.startswith("$$"):
+            flush()
+            in_math = not (len(line) > 2 and line.endswith("$$"))
+            continue
+        fence = _FENCE.match(line)
+        if fence:
+            flush()
+            if _NOT_PROSE.match(line):
+                skip_fence = fence.group(1)
+            continue
+        if (not line or line.startswith(("#", "|", "<", "+++")) or re.match(r"^:[\w-]+:", line)
+                or re.match(r"^\(\S+\)=$", line) or line.startswith("[^") and "]:" in line):
+            flush()
+            continue
+        if re.match(r"^([*+-]|\d+[.)])\s", line):  # a list item starts a block of its own
+            flush()
+            line = re.sub(r"^([*+-]|\d+[.)])\s+", "", line)
+        current.append(line)
+    flush()
+    return [_plain(b) for b in blocks if _plain(b)]
+
+
+def _plain(block: str) -> str:
+    block = re.sub(r"\$[^$]+\$", "X", block)                    # inline math: one word
+    block = re.sub(r"`[^`]+`", "X", block)                      # inline code, roles' targets
+    block = re.sub(r"\{[\w:-]+\}X", "X", block)                 # {cite}`...`, {ref}`...`
+    block = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", block)    # links and images: their text
+    block = re.sub(r"<[^>]+>", " ", block)                      # inline HTML
+    return re.sub(r"\s+", " ", block).strip()
+
+
+def sentences(text: str) -> list[str]:
+    """The prose sentences of a Markdown document."""
+    out = []
+    for block in prose_blocks(text):
+        protected = block
+        for abbreviation in _ABBREVIATIONS:
+            protected = protected.replace(abbreviation, abbreviation.replace(".", "\u2024"))
+        for piece in _END.split(protected):
+            piece = piece.replace("\u2024", ".").strip()
+            if words(piece):
+                out.append(piece)
+    return out
+
+
+def measure(path: Path) -> Stats:
+    return Stats(path.name, sentences(path.read_text(encoding="utf-8")))
+
+
+def default_paths() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.md")) + [ROOT / "book" / "intro.md", ROOT / "README.md"]
+
+
+def table(stats: list[Stats]) -> str:
+    rows = ["| document | sentences | mean words | over 40 | longest | meets targets |", "|---|---|---|---|---|---|"]
+    for s in stats:
+        rows.append(f"| {s.name} | {len(s.sentences)} | {s.mean:.1f} | {100 * s.share_over_40:.1f} % | {s.longest} | "
+                    f"{'yes' if s.meets() else 'no'} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="Markdown files (default: the chapters, intro, README)")
+    parser.add_argument("--longest", type=int, default=0, metavar="K", help="also print each file's K longest sentences")
+    args = parser.parse_args(argv)
+    stats = [measure(p) for p in (args.paths or default_paths())]
+    print(f"targets: mean <= {TARGETS['mean']:.0f} words, <= {100 * TARGETS['share_over_40']:.0f} % over "
+          f"{_LONG} words, none over {TARGETS['longest']}")
+    print(table(stats))
+    for s in stats if args.longest else ():
+        print(f"\n{s.name}:")
+        for sentence in sorted(s.sentences, key=words, reverse=True)[: args.longest]:
+            print(f"  [{words(sentence)}] {sentence}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
