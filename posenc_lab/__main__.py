@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from .encodings import ENCODINGS
 from .errors import PosencError, TrainingDiverged
@@ -129,6 +130,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--finetune-seeds", type=_ints, help="the RoPE seeds that are fine-tuned (default: all)")
     r.add_argument("--backend", choices=["auto", "sdpa", "flex", "reference"], help="attention backend")
     r.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    r.add_argument("--unit", dest="units", action="append", type=_unit, metavar="ENCODING:SEED",
+                   help="run only this unit of the preset (repeatable); processes that share --out can split a run")
+    r.add_argument("--jobs", type=int, default=1, help="units run at once, each in its own process on the same "
+                   "device (a small model leaves a GPU mostly idle); logs in OUT/logs/")
     r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the training step (default: on CUDA, off on the CPU)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -191,6 +196,8 @@ def parser() -> argparse.ArgumentParser:
                                                "training length)")
     ctx.add_argument("--trials", type=int, help="passkey windows per (length, depth) cell and seed")
     ctx.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    ctx.add_argument("--corpus", help="where to read the run's corpus (as run's --corpus) when it is not this "
+                                      "machine's default; its SHA-256 must match the run's")
     ctx.add_argument("--no-progress", action="store_true")
 
     rep = sub.add_parser("report", help="tables and figures of a run folder")
@@ -254,6 +261,47 @@ def _lost_peer(err: RuntimeError) -> bool:
         word in text for word in ("connection", "timed out", "timeout", "gloo", "nccl", "peer", "socket"))
 
 
+def _unit(text: str) -> tuple[str, int]:
+    encoding, _, seed = text.rpartition(":")
+    if encoding not in ENCODINGS or not seed.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not ENCODING:SEED with a known encoding (e.g. rope:0)")
+    return encoding, int(seed)
+
+
+def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
+    """Each unit in its own ``python -m posenc_lab`` process with this command's arguments, ``jobs`` at a time.
+
+    The processes share ``out`` (each writes its own unit file), and a unit already finished is skipped as
+    always; the command then goes on to write the tables. A failed unit is named with its log; the others run on.
+    """
+    import os
+    import subprocess
+    import time
+
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+    waiting, running, failed = list(units), {}, []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            encoding, seed = waiting.pop(0)
+            log = logs / f"{encoding}-s{seed}.log"
+            argv = [sys.executable, "-m", "posenc_lab", *sys.argv[1:], "--unit", f"{encoding}:{seed}", "--jobs", "1",
+                    "--no-report", "--no-progress"]
+            running[(encoding, seed)] = (subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                                          env=env), time.time(), log)
+        time.sleep(1)
+        for unit, (proc, start, log) in list(running.items()):
+            if proc.poll() is not None:
+                del running[unit]
+                print(f"{unit[0]}:{unit[1]} {'done' if proc.returncode == 0 else 'FAILED'} in "
+                      f"{time.time() - start:.0f} s ({len(waiting)} waiting, {len(running)} running)", flush=True)
+                if proc.returncode:
+                    failed.append(f"{unit[0]}:{unit[1]} (log: {log})")
+    if failed:
+        raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
+
+
 def _command(args, experiment, report) -> int:
     """Run one command of the parsed ``args``; errors propagate to :func:`main`."""
     from . import distributed
@@ -295,7 +343,7 @@ def _command(args, experiment, report) -> int:
         if not spec.run:
             raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
         out = args.out or f"runs/{args.preset}"
-        context.run(spec, out, device=args.device, progress=not args.no_progress)
+        context.run(spec, out, device=args.device, progress=not args.no_progress, corpus=args.corpus)
         print(context.report(out))
         return 0
     if args.command == "report":
@@ -308,7 +356,10 @@ def _command(args, experiment, report) -> int:
     if args.extend:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
     else:
-        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+        if args.jobs > 1:
+            _run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out))
+        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress,
+                       only=args.units)
     if not args.no_report and distributed.is_main():
         print(_report(out))
     return 0

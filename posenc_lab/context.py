@@ -369,6 +369,15 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
                                 encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
                                 notes="context-cpu's measurements on the article-long models (four times the "
                                       "training tokens, the article's five encodings), no retraining"),
+    "context-long-b4": ContextSpec(preset="context-long-b4", run="article-long-b4",
+                                   encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
+                                   notes="context-long's measurements on the article-long-b4 models, no retraining"),
+    "context-prose-long-b4": ContextSpec(preset="context-prose-long-b4", run="prose-long-b4",
+                                         encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
+                                         notes="context-long's measurements on the prose-long-b4 models"),
+    "context-prose-long": ContextSpec(preset="context-prose-long", run="prose-long",
+                                      encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
+                                      notes="context-long's measurements on the prose-long models"),
     "context-variants": ContextSpec(preset="context-variants", run="variants-cpu",
                                     encodings=("rope", "rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope",
                                                "rope-random", "learned-random"),
@@ -511,9 +520,10 @@ def write_tables(out: Path, gains: list[dict], keys: list[dict], streams: list[d
 
 
 def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progress: bool = True,
-        log=print) -> tuple[list[dict], list[dict]]:
+        corpus: str | None = None, log=print) -> tuple[list[dict], list[dict]]:
     """Every unit of ``spec`` not yet finished in ``out`` (resumable per trained model); returns the gain and
-    passkey rows of the whole experiment."""
+    passkey rows of the whole experiment. ``corpus`` loads the run's corpus from elsewhere (``stdlib:PATH``, a
+    folder); its SHA-256 must be the one the run recorded."""
     from . import __version__
     from .data import evaluation_text, load_corpus
     from .experiment import Spec, collect, git_commit, prepare, resolve_device, run_units
@@ -522,7 +532,7 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     device = resolve_device(device)
     config, load = _load_run(spec)
     run_spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
-    corpus = load_corpus(config.get("corpus", {}).get("corpus", "stdlib"))
+    corpus = load_corpus(corpus or config.get("corpus", {}).get("corpus", "stdlib"))
     recorded = config.get("corpus", {}).get("sha256")
     if recorded and corpus.meta.get("sha256") != recorded:
         raise PosencError(f"this machine's {corpus.name!r} corpus differs from the one the run trained and was "

@@ -200,6 +200,19 @@ PRESETS: dict[str, Spec] = {
                   eval_tokens=65536, stride=512, eval_batch_size=4, seeds=(0, 1, 2),
                   notes="the article's model (12 layers, 8 heads, d_model 512, trained at 512) on a GPU"),
 }
+# the same model, tokens and evaluation in twice as many steps of half the batch: the recipe's own effect on the
+# verdicts (warm-up and checkpoints stretched alike, so the checkpoint evaluations fall on the same tokens)
+PRESETS["article-long-b4"] = replace(
+    PRESETS["article-long"], preset="article-long-b4", batch_size=4, steps=5600, warmup=560, checkpoint_every=200,
+    notes="article-long's model, 11.5 M training bytes and evaluation in batches of 4 windows for 5,600 steps "
+          "(twice the optimiser steps), three seeds; a GPU runs its units side by side (--jobs)")
+# the headline's recipes on English prose (data.load_corpus names the corpus): the two domains differ only in text
+PRESETS["prose-long"] = replace(PRESETS["article-long"], preset="prose-long",
+                                notes="article-long's recipe on English prose (--corpus)")
+PRESETS["prose-long-b4"] = replace(PRESETS["article-long-b4"], preset="prose-long-b4",
+                                   notes="article-long-b4's recipe on English prose (--corpus)")
+
+
 # issue 19: the sinusoids at the old amplitude, one seed, with article-cpu's recipe and evaluation (its
 # sinusoidal seed 0 sees the same batches and the same bytes, so the two units compare directly)
 PRESETS["amplitude-cpu"] = replace(
@@ -238,7 +251,10 @@ def preset(name: str, **overrides) -> Spec:
 
 def git_commit() -> str:
     """The package checkout's commit, ``-dirty`` when the package's own source has uncommitted changes
-    (the results depend on it; edits elsewhere in the repository do not make a run dirty), or ``unknown``."""
+    (the results depend on it; edits elsewhere in the repository do not make a run dirty), or ``unknown``.
+    ``POSENC_GIT_COMMIT`` names it where the source travelled without its repository (a copy on a lent GPU)."""
+    if os.environ.get("POSENC_GIT_COMMIT"):
+        return os.environ["POSENC_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
@@ -678,9 +694,17 @@ def resolve_device(device: str | None) -> torch.device:
     return device
 
 
+def units_of(spec: Spec) -> list[tuple[str, int]]:
+    """The ``(encoding, seed)`` units of ``spec``, seed-major: every encoding's first seed before any second seed,
+    so that a run cut short compares all encodings."""
+    return sorted(((e, s) for e in spec.encodings for s in spec.seeds_for(e)),
+                  key=lambda u: (u[1], spec.encodings.index(u[0])))
+
+
 def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device: str | None = None,
-        progress: bool = True, log=print) -> list[dict]:
-    """Run every unit of ``spec`` not yet finished in ``out``; returns the rows of the whole table."""
+        progress: bool = True, only: list[tuple[str, int]] | None = None, log=print) -> list[dict]:
+    """Run every unit of ``spec`` not yet finished in ``out`` (or only the units in ``only``: several processes
+    can share one ``out``, each with its own units); returns the rows of the whole table."""
     out = Path(out)
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
@@ -691,9 +715,12 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     if spec.finetune:
         distributed.check_divisible(spec.finetune_batch())
     common = run_context(spec, corpus, device)
-    # seed-major: every encoding's first seed before any second seed, so a run cut short compares all encodings
-    units = sorted(((e, s) for e in spec.encodings for s in spec.seeds_for(e)),
-                   key=lambda u: (u[1], spec.encodings.index(u[0])))
+    units = units_of(spec)
+    if only is not None:
+        unknown = sorted(set(only) - set(units))
+        if unknown:
+            raise PosencError(f"units {unknown} are not in this run's {units}")
+        units = [u for u in units if u in only]
     run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, text, out, device, progress, common),
               after_each=lambda o: write_table(o, collect(o)), log=log)
     rows = collect(out)

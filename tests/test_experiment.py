@@ -123,7 +123,7 @@ def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
 
 
 def test_spec_rejects_bad_input():
-    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, ci, colab, cpu, paper"):
+    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, variants-cpu"):
         experiment.preset("huge")
     with pytest.raises(PosencError, match="positive"):
         experiment.preset("ci", train_len=0)
@@ -248,7 +248,7 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, ci, colab, cpu, paper"),
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, variants-cpu"),
     (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
     (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
     (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
@@ -440,3 +440,33 @@ def test_cli_help_explains_every_option():
     out, _ = p.communicate(timeout=60)
     for option in ("--preset", "--encodings", "--corpus", "--eval-lengths", "--stride", "--finetune", "--seeds", "--device"):
         assert option in out
+
+
+def test_cli_jobs_runs_units_side_by_side_and_matches_one_process(tmp_path):
+    """--jobs runs each unit in its own process on the shared folder; the table equals a one-process run's."""
+    args = ["run", "--preset", "ci", "--encodings", "nope,alibi", "--seeds", "0", "--steps", "3",
+            "--eval-lengths", "64", "--modes", "nonoverlapping", "--no-report", "--no-progress"]
+    p = cli(*args, "--jobs", "2", "--out", str(tmp_path / "jobs"))
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert "nope:0 done" in out and "alibi:0 done" in out
+    assert sorted(x.name for x in (tmp_path / "jobs" / "logs").iterdir()) == ["alibi-s0.log", "nope-s0.log"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("jobs", "one"))
+    # each process gets its share of the cores: the device's thread count differs, and with it the order of
+    # floating-point sums (losses agree to rounding)
+    assert [r.pop("device").split("(")[0] for r in a] == [r.pop("device").split("(")[0] for r in b]
+    for x, y in zip(comparable(a), comparable(b), strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-6) if isinstance(x[k], float) else x[k] == y[k], k
+
+
+def test_cli_unit_runs_only_that_unit_and_refuses_a_bad_one(tmp_path):
+    args = ["run", "--preset", "ci", "--encodings", "nope,alibi", "--steps", "2", "--eval-lengths", "64",
+            "--modes", "nonoverlapping", "--no-report", "--no-progress", "--out", str(tmp_path)]
+    assert main([*args, "--unit", "alibi:0"]) == 0
+    assert [p.name for p in (tmp_path / "units").iterdir()] == ["alibi-s0.json"]
+    p = cli(*args, "--unit", "alibi")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "is not ENCODING:SEED" in err and "Traceback" not in err
