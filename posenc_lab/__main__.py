@@ -275,13 +275,28 @@ def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
     always; the command then goes on to write the tables. A failed unit is named with its log; the others run on.
     """
     import os
-    import subprocess
-    import time
+    import signal
 
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
     waiting, running, failed = list(units), {}, []
+    try:
+        _pool(waiting, running, failed, jobs, logs, env)
+    except KeyboardInterrupt:  # stop every unit cleanly: each keeps its last training checkpoint and resumes
+        for proc, _, _ in running.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, _, _ in running.values():
+            proc.wait(timeout=60)
+        raise
+    if failed:
+        raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
+
+
+def _pool(waiting, running, failed, jobs, logs, env) -> None:
+    import subprocess
+    import time
+
     while waiting or running:
         while waiting and len(running) < jobs:
             encoding, seed = waiting.pop(0)
@@ -298,8 +313,6 @@ def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
                       f"{time.time() - start:.0f} s ({len(waiting)} waiting, {len(running)} running)", flush=True)
                 if proc.returncode:
                     failed.append(f"{unit[0]}:{unit[1]} (log: {log})")
-    if failed:
-        raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
 
 
 def _command(args, experiment, report) -> int:
