@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .encodings import ENCODINGS
 from .errors import PosencError, TrainingDiverged
-from .evaluate import MODES
+from .extras import MissingExtra, require
 from .rope import ROPE_SCALINGS
 
 EPILOG = """examples:
@@ -89,7 +89,8 @@ class _Version(argparse.Action):
 
 
 def parser() -> argparse.ArgumentParser:
-    from .experiment import PRESETS
+    from .evaluate import MODES
+    from .experiment import MAIN_ENCODINGS, PRESETS
 
     p = argparse.ArgumentParser(prog="posenc-lab", description="Train with each position encoding at one length, "
                                 "evaluate far beyond it.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,8 +108,10 @@ def parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, or all: {', '.join(ENCODINGS)}")
     r.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"),
                    help=f"RoPE extrapolation strategies to evaluate: {', '.join(ROPE_SCALINGS)}")
-    r.add_argument("--seeds", type=_ints, help="seeds for nope, sinusoidal, learned, rope, alibi, t5 (e.g. 0,1,2)")
-    r.add_argument("--other-seeds", type=_ints, help="seeds for xpos, kerple, fire")
+    r.add_argument("--seeds", type=_ints, help="seeds of every encoding run (e.g. 0,1,2); with --other-seeds "
+                   f"too, of the article's encodings ({', '.join(MAIN_ENCODINGS)}) only")
+    r.add_argument("--other-seeds", type=_ints, help="seeds of the encodings outside the article's (default: --seeds "
+                   "when given, else the preset's)")
     r.add_argument("--steps", type=int, help="training steps")
     r.add_argument("--batch-size", type=int, help="training batch size (windows)")
     r.add_argument("--lr", type=float, help="peak learning rate")
@@ -120,7 +123,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--d-model", type=int)
     r.add_argument("--eval-lengths", type=_ints, help="comma-separated evaluation lengths")
     r.add_argument("--eval-tokens", type=int, help="tokens scored at every length (a multiple of each length)")
-    r.add_argument("--modes", type=lambda s: _names(s, list(MODES), "mode"), help=f"evaluation modes: {', '.join(MODES)}")
+    r.add_argument("--modes", type=lambda s: _names(s, list(MODES), "mode"), help=f"evaluation modes: {', '.join(MODES)} "
+                   "(the preset's sliding windows are kept only at the lengths evaluated, and only with sliding)")
     r.add_argument("--stride", type=int, help="sliding-window stride (tokens newly scored per window)")
     r.add_argument("--eval-batch-size", type=int)
     r.add_argument("--finetune", type=lambda s: _names(s, [m for m in ROPE_SCALINGS if m != "dynamic-ntk"], "strategy"),
@@ -223,6 +227,11 @@ def _report(folder, figures: bool = True) -> str:
 
 
 def main(argv=None) -> int:
+    try:
+        require("lab", "the posenc-lab command")
+    except MissingExtra as err:
+        print(f"posenc-lab: error: {err}", file=sys.stderr)
+        return 2
     args = parser().parse_args(argv)
     from . import distributed, experiment, report
 
@@ -315,6 +324,21 @@ def _pool(waiting, running, failed, jobs, logs, env) -> None:
                     failed.append(f"{unit[0]}:{unit[1]} (log: {log})")
 
 
+def _asked(args, base, overrides: dict) -> dict:
+    """``overrides`` with the two rules of ``run``: ``--seeds`` alone seeds every encoding, and the preset's sliding
+    windows are kept only where they are evaluated (at the lengths asked, and only when sliding is a mode)."""
+    overrides = dict(overrides)
+    if args.seeds is not None and args.other_seeds is None:
+        overrides["other_seeds"] = args.seeds
+    modes = args.modes or base.modes
+    lengths = args.eval_lengths or base.eval_lengths
+    if "sliding" not in modes:
+        overrides["sliding"] = ()
+    elif args.eval_lengths is not None and base.sliding:
+        overrides["sliding"] = tuple((n, stride) for n, stride in base.sliding if n in lengths)
+    return overrides
+
+
 def _command(args, experiment, report) -> int:
     """Run one command of the parsed ``args``; errors propagate to :func:`main`."""
     from . import distributed
@@ -364,7 +388,7 @@ def _command(args, experiment, report) -> int:
         return 0
     overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                  if f.name not in ("preset", "notes")}
-    spec = experiment.preset(args.preset, **overrides)
+    spec = experiment.preset(args.preset, **_asked(args, experiment.PRESETS[args.preset], overrides))
     out = args.out or f"runs/{args.preset}"
     if args.extend:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)

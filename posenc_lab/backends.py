@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
+from einops import einsum, rearrange, repeat
 
 from .encodings import Encoding, NoPE
 from .errors import PosencError, check_positions, unknown_name
@@ -57,21 +57,36 @@ _NOPE = NoPE()
 
 
 def _check_inputs(q, k, v, positions) -> torch.Tensor:
+    """The positions, checked against ``q, k, v``: ``(n,)`` (default ``0 .. n-1``), or ``(b, n)`` reduced to ``(n,)``
+    when every row is the same. ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise PosencError(f"q, k, v must be 4-d (batch, heads, positions, head_dim); got {q.dim()}-d, {k.dim()}-d, {v.dim()}-d")
-    if q.shape != k.shape or k.shape[:-1] != v.shape[:-1]:
+    grouped = k.shape[1] >= 1 and q.shape[1] % k.shape[1] == 0
+    if q.shape[::2] != k.shape[::2] or q.shape[-1] != k.shape[-1] or not grouped or k.shape[:-1] != v.shape[:-1]:
         raise PosencError(
             f"q, k, v shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-            "(q and k must be equal; v may differ only in its last axis)"
+            "(q and k must be equal but for k's heads, which must divide q's; v may differ from k only in its last axis)"
         )
-    n = q.shape[-2]
+    b, n = q.shape[0], q.shape[-2]
     if positions is None:
         return torch.arange(n, device=q.device)
-    if not isinstance(positions, torch.Tensor) or positions.shape != (n,):
+    if not isinstance(positions, torch.Tensor) or positions.shape not in ((n,), (b, n)):
         shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-        raise PosencError(f"positions must have shape ({n},), got {shape}")
+        raise PosencError(f"positions must have shape ({n},) or ({b}, {n}), got {shape}")
     check_positions(positions)
-    return positions.to(q.device)
+    positions = positions.to(q.device)
+    if positions.dim() == 2 and not torch.compiler.is_compiling() and bool((positions == positions[:1]).all()):
+        return positions[0]
+    return positions
+
+
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Keys or values of ``h_kv`` heads (``b h_kv n d``) for ``heads`` query heads: query head ``i`` reads key head
+    ``i // (heads / h_kv)`` (grouped-query attention, Ainslie et al. 2023; multi-query when ``h_kv = 1``), the
+    order of Hugging Face's ``repeat_kv``. Returns ``x`` itself when the numbers agree."""
+    if x.shape[1] == heads:
+        return x
+    return repeat(x, "b hk n d -> b (hk g) n d", g=heads // x.shape[1])
 
 
 def flex_available(device: torch.device) -> bool:
@@ -199,8 +214,17 @@ def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, c
 
 
 def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = False) -> torch.Tensor | None:
-    """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions``, as the ``sdpa`` backend uses it
-    (a copy of the memoised mask: editing it changes nothing the backends use)."""
+    """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions`` (``n``), as the ``sdpa`` backend uses
+    it, with ``-inf`` on the future keys when ``causal``; for positions ``b n``, one table per row (``b h n n``).
+    Add it to the scores, or pass it as ``attn_mask`` to ``scaled_dot_product_attention`` (``b h n n``, or
+    ``rearrange(t, "h i j -> 1 h i j")``). A copy of the memoised mask: editing it changes nothing the backends
+    use. None for an encoding without a bias."""
+    check_positions(positions)
+    if positions.dim() == 2:
+        rows = [bias_tensor(encoding, row, causal=causal) for row in positions]
+        return None if rows[0] is None else torch.stack(rows)
+    if positions.dim() != 1:
+        raise PosencError(f"positions must have shape (n,) or (b, n), got {tuple(positions.shape)}")
     mask = _memo_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
     return None if mask is None else mask[0].clone()
 
@@ -577,8 +601,14 @@ def attention(
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
+    ``k`` and ``v`` may have ``h_kv`` heads for any ``h_kv`` dividing ``h`` (grouped-query attention; ``h_kv = 1``
+    is multi-query): query head ``i`` attends with key head ``i // (h / h_kv)`` (:func:`repeat_kv`), and a
+    :class:`KVCache` stores the ``h_kv`` heads only. Half-precision inputs give an output of their dtype.
+
     ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens;
     pass the same tensor to every layer so that the encoding's tables are computed once per forward.
+    Positions ``b n`` (Hugging Face's ``position_ids``) give each batch row its own: the same result as
+    attending row by row.
     ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
     bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
     one-directional T5 bias have no non-causal form and refuse it.
@@ -615,11 +645,16 @@ def attention(
         k_pos = torch.arange(k_all.shape[-2], device=q.device)
         q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
         q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
-        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, q_pos, k_pos, causal, reach)
+        heads = q.shape[1]
+        return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos,
+                                     causal, reach)
     if cache is not None:
         if positions is None:
             positions = cache.next_positions(q.shape[-2], q.device)
         positions = _check_inputs(q, k, v, positions)
+        if positions.dim() == 2:
+            raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
+                              "(n,), or rows that are all the same")
         if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
             backend = "sdpa"
         if not encoding.cacheable:
@@ -636,8 +671,14 @@ def attention(
                               f"batch of {k.shape[0]}: use a new cache (model.new_cache()) for another batch")
         q = encoding.rotate_one(q, positions, "q")
         k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k"), v, positions)
-        return _BACKEND_FNS[backend](q, k_all, v_all, encoding, positions, k_pos, causal, reach)
+        heads = q.shape[1]
+        return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
+                                     causal, reach)
     positions = _check_inputs(q, k, v, positions)
+    if positions.dim() == 2 and (encoding.has_bias or reach is not None):
+        # a bias or a window read the positions of every pair: one row at a time, each with its own table
+        return torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend=backend, causal=causal,
+                                    positions=positions[i], reach=reach) for i in range(q.shape[0])])
     if not causal and not encoding.noncausal:
         hint = " (build it with bidirectional=True)" if encoding.name == "t5" else ""
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form{hint}: use causal=True")
@@ -646,4 +687,6 @@ def attention(
     if backend == "flex" and not flex_available(q.device):
         raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
     q, k = encoding.rotate(q, k, positions)
-    return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal, reach)
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions, causal,
+                                 reach)

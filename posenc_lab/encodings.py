@@ -20,6 +20,7 @@ the model's shape.
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable
 
@@ -138,6 +139,9 @@ class Encoding(nn.Module):
     distance_only = False
     #: for a variant of another encoding (a different recipe of the same idea), that encoding's name
     variant_of: str | None = None
+    #: what :func:`make_encoding` hands the constructor from the model's shape: ``{argument: quantity}``, the
+    #: quantities being ``d_model``, ``num_heads``, ``head_dim`` and ``train_len``
+    shape: dict[str, str] = {}
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` is ``b n d_model``; returns the embeddings with position information added."""
@@ -266,6 +270,7 @@ class Sinusoidal(Encoding):
     """
 
     name, hook = "sinusoidal", "embed"
+    shape = {"d_model": "d_model"}
 
     def __init__(self, d_model: int, *, base: float = 10000.0, scale: float = 1.0, token_scale: float | None = None):
         super().__init__()
@@ -298,6 +303,7 @@ class Learned(Encoding):
     """A learned vector per position up to the training length (GPT-2); past it, :class:`PositionOutOfRange`."""
 
     name, hook = "learned", "embed"
+    shape = {"d_model": "d_model", "max_len": "train_len"}
 
     def __init__(self, d_model: int, *, max_len: int):
         super().__init__()
@@ -337,6 +343,7 @@ class RoPE(Encoding):
     """
 
     name, hook = "rope", "rotate"
+    shape = {"head_dim": "head_dim", "train_len": "train_len"}
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, layout: str = "half",
                  scaling: str = "none", factor: float | None = None, dynamic: str = "cache",
@@ -363,9 +370,9 @@ class RoPE(Encoding):
         dynamic = dynamic or getattr(self, "dynamic", "cache")
         if dynamic not in DYNAMIC_FORMS:
             raise unknown_name("dynamic-NTK form", dynamic, DYNAMIC_FORMS)
-        seq_len = self.train_len if method == "dynamic-ntk" else None
+        # checked at the training length; the factor itself follows each call's length unless fixed
         rope.scaled_inv_freq(method, self.rotary_dim, base=self.base, train_len=self.train_len,
-                             seq_len=seq_len, factor=factor, **options)
+                             seq_len=self.train_len, factor=factor, **options)
         self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
         self.clear_cache()
         return self
@@ -378,6 +385,10 @@ class RoPE(Encoding):
         return self.memo(f"cos_sin/{dtype}", (positions,), dtype, lambda: self._cos_sin(positions, dtype))
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 2 and self.scaling != "none" and (self.factor is None or self.scaling == "dynamic-ntk"):
+            # the frequencies follow each row's own length: one table per row, as a loop over the rows would build
+            rows = [self._cos_sin(row, dtype) for row in positions]
+            return torch.stack([c for c, _ in rows]), torch.stack([s for _, s in rows])
         n = position_span(positions)
         if self.scaling == "dynamic-ntk" and self.dynamic == "cache":
             angles = rope.dynamic_ntk_angles(positions, self.rotary_dim, base=self.base, train_len=self.train_len)
@@ -402,7 +413,9 @@ class RoPE(Encoding):
         return self.rotate_one(q, positions, "q"), self.rotate_one(k, positions, "k")
 
     def rotate_one(self, x, positions, role):
+        """Rotate ``x`` (``... n d``) at ``positions``: ``n``, or ``b n`` (one row per batch entry of ``x``)."""
         cos, sin = self._memo_spread_tables(positions, torch.promote_types(x.dtype, torch.float32))
+        cos, sin = rope.batch_tables(cos, x), rope.batch_tables(sin, x)
         if self.rotary_dim == self.head_dim:
             return rope.rotate_with(x, cos, sin, self.layout)
         turned = rope.rotate_with(x[..., : self.rotary_dim], cos, sin, self.layout)
@@ -595,6 +608,7 @@ class XPos(Encoding):
     """
 
     name, hook = "xpos", "rotate"
+    shape = {"head_dim": "head_dim"}
     noncausal = False  # its decay zeta^((m - n) / tau) would grow without bound for keys after the query
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512.0, gamma: float = 0.4,
@@ -617,14 +631,39 @@ class XPos(Encoding):
 
 
 class _BiasEncoding(Encoding):
+    """A bias encoding: ``bias(q_pos, k_pos)`` is ``h i j`` for positions ``i`` and ``j``, and ``b h i j`` for
+    positions ``b i`` and ``b j`` (one table per batch row; a 1-d side is shared by every row)."""
+
     hook = "bias"
     distance_only = True
+    shape = {"num_heads": "num_heads"}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "bias" in cls.__dict__:  # every subclass's formula also serves positions of shape (b, n), row by row
+            cls.bias = _per_row(cls.__dict__["bias"])
 
     def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
         return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
 
     def device(self) -> torch.device:
         return next(iter(self.parameters()), next(iter(self.buffers()), torch.empty(0))).device
+
+
+def _per_row(bias: Callable) -> Callable:
+    """``bias`` (one table ``h i j`` from 1-d positions) extended to positions ``b n``: a stack of per-row tables."""
+
+    @functools.wraps(bias)
+    def batched(self, q_pos, k_pos):
+        if q_pos.dim() == 1 and k_pos.dim() == 1:
+            return bias(self, q_pos, k_pos)
+        if q_pos.dim() > 2 or k_pos.dim() > 2:
+            raise PosencError(f"bias positions must be (n,) or (b, n), got {tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
+        rows = max(p.shape[0] for p in (q_pos, k_pos) if p.dim() == 2)
+        q_rows, k_rows = (p.expand(rows, -1) if p.dim() == 2 else p.expand(rows, p.shape[-1]) for p in (q_pos, k_pos))
+        return torch.stack([bias(self, qp, kp) for qp, kp in zip(q_rows, k_rows)])
+
+    return batched
 
 
 class ALiBi(_BiasEncoding):
@@ -688,6 +727,7 @@ class Fire(_BiasEncoding):
 
     name = "fire"
     distance_only = False
+    shape = {"num_heads": "num_heads", "train_len": "train_len"}
     noncausal = False
 
     def __init__(self, num_heads: int, *, train_len: int = 512, **options):
@@ -720,37 +760,37 @@ ENCODINGS: dict[str, type[Encoding]] = {
 #: the encodings themselves, without their variants (the default of every experiment)
 PRIMARY: tuple[str, ...] = tuple(name for name, cls in ENCODINGS.items() if cls.variant_of is None)
 
-# how each encoding is built from the model's shape: (d_model, num_heads, head_dim, train_len) -> kwargs
-_SHAPE_ARGS: dict[str, Callable[[int, int, int, int], dict]] = {
-    "nope": lambda d, h, hd, L: {},
-    "sinusoidal": lambda d, h, hd, L: {"d_model": d},
-    "sinusoidal-small": lambda d, h, hd, L: {"d_model": d},
-    "learned": lambda d, h, hd, L: {"d_model": d, "max_len": L},
-    "rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "rope-partial": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "p-rope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "rope-b500": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "rope-b500k": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "rope-nope": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "rope-random": lambda d, h, hd, L: {"head_dim": hd, "train_len": L},
-    "learned-random": lambda d, h, hd, L: {"d_model": d, "max_len": L},
-    "xpos": lambda d, h, hd, L: {"head_dim": hd},
-    "alibi": lambda d, h, hd, L: {"num_heads": h},
-    "t5": lambda d, h, hd, L: {"num_heads": h},
-    "kerple": lambda d, h, hd, L: {"num_heads": h},
-    "fire": lambda d, h, hd, L: {"num_heads": h, "train_len": L},
-}
+def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | None = None,
+                  head_dim: int | None = None, train_len: int | None = None, **options) -> Encoding:
+    """Build encoding ``name`` from the shape of the model it goes into.
 
-
-def make_encoding(name: str, *, d_model: int, num_heads: int, train_len: int, **options) -> Encoding:
-    """Build encoding ``name`` for a model of width ``d_model`` with ``num_heads`` heads, trained at ``train_len``."""
+    Each encoding takes only what it uses (its class's ``shape``): RoPE and xPos the head dimension (``head_dim``,
+    or ``d_model / num_heads``) and RoPE the training length, the biases the number of heads (FIRE the training
+    length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows). ``options`` go to the
+    encoding's constructor (``scaling="yarn", factor=4.0`` for RoPE, ``bidirectional=True`` for T5, ...).
+    """
     if name not in ENCODINGS:
         raise unknown_name("encoding", name, ENCODINGS)
-    bias.check_heads(num_heads)
-    if d_model % num_heads:
-        raise PosencError(f"d_model {d_model} is not divisible by the number of heads {num_heads}")
-    kwargs = _SHAPE_ARGS[name](d_model, num_heads, d_model // num_heads, train_len)
+    cls = ENCODINGS[name]
+    if num_heads is not None:
+        bias.check_heads(num_heads)
+    if head_dim is None and d_model is not None and num_heads is not None:
+        if d_model % num_heads:
+            raise PosencError(f"d_model {d_model} is not divisible by the number of heads {num_heads}")
+        head_dim = d_model // num_heads
+    known = {"d_model": d_model, "num_heads": num_heads, "head_dim": head_dim, "train_len": train_len}
+    kwargs = {arg: known[quantity] for arg, quantity in cls.shape.items() if known[quantity] is not None}
+    missing = [quantity for arg, quantity in cls.shape.items() if arg not in kwargs and _required(cls, arg)]
+    if missing:
+        hint = " (or d_model and num_heads)" if "head_dim" in missing else ""
+        raise PosencError(f"encoding {name!r} needs {', '.join(missing)}{hint}")
     try:
-        return ENCODINGS[name](**kwargs, **options)
+        return cls(**kwargs, **options)
     except TypeError as err:
         raise PosencError(f"encoding {name!r} got an unexpected option: {err}") from None
+
+
+def _required(cls: type, argument: str) -> bool:
+    """Whether ``cls``'s constructor has no default for ``argument``."""
+    parameter = inspect.signature(cls).parameters.get(argument)
+    return parameter is not None and parameter.default is inspect.Parameter.empty

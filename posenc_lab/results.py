@@ -1,24 +1,36 @@
-"""The committed results, from a checkout or from an installed package alike.
+"""The committed results, from a checkout or from the data distribution alike.
 
 The repository keeps its measured results under ``results/`` (one folder per run, and
-``results/benchmarks``). The same files are shipped inside the package (``posenc_lab.committed``,
-see ``pyproject.toml``), so that a notebook opened alone -- on Colab, with nothing but
-``pip install`` around it -- reads exactly the committed numbers:
+``results/benchmarks``), marked by the file ``results/POSENC_RESULTS.md``. The package wheel carries
+code only; the results travel as a second, data-only distribution, ``posenc-lab-results`` (built from
+``packaging/results`` of the same repository), so that a notebook opened alone -- on Colab -- reads
+exactly the committed numbers after one install line::
+
+    pip install "posenc-lab[lab,book] @ git+https://github.com/posenc-lab/posenc-lab" \
+        "posenc-lab-results @ git+https://github.com/posenc-lab/posenc-lab#subdirectory=packaging/results"
 
     from posenc_lab import results
     rows, units, config = results.load("article-cpu")
     bench = results.benchmark("cpu-long-eval")
 
-:func:`folder` looks in the checkout first (``<repo>/results``), then in the installed package.
+:func:`root` finds the results: ``$POSENC_LAB_RESULTS`` if set, else the first ``results/`` holding the marker
+in the working directory or above it, or above the package's own location (a checkout, an editable install),
+else the installed ``posenc_lab_results``.
 """
 
 from __future__ import annotations
 
 import json
-from importlib import resources
+import os
 from pathlib import Path
 
 from .errors import PosencError
+
+#: the file that marks a folder of committed results
+MARKER = "POSENC_RESULTS.md"
+#: the install line of the data distribution (the Colab cell of every chapter uses it)
+DATA_INSTALL = ("pip install 'posenc-lab-results @ "
+                "git+https://github.com/posenc-lab/posenc-lab#subdirectory=packaging/results'")
 
 #: the committed runs and what made each (``make`` targets in the repository)
 RUNS = {
@@ -50,25 +62,48 @@ RUNS = {
 CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")
 
 
-def _checkout_root() -> Path:
-    return Path(__file__).resolve().parents[1] / "results"
+def _marked(folder: Path) -> Path | None:
+    return folder if (folder / MARKER).is_file() else None
 
 
-def folder(name: str):
-    """The folder of committed results ``name`` (a run of :data:`RUNS`, or ``benchmarks``): a ``Path`` in a
-    checkout, an ``importlib.resources`` traversable in an installed package."""
-    local = _checkout_root() / name
-    if local.is_dir():
-        return local
+def _upward(start: Path) -> Path | None:
+    """The first ``results/`` with the marker in ``start`` or a folder above it (or ``start`` itself, if marked)."""
+    for folder in (start, *start.parents):
+        found = _marked(folder) or _marked(folder / "results")
+        if found:
+            return found
+    return None
+
+
+def root() -> Path:
+    """The folder of the committed results (see the module's docstring for the order of the places searched)."""
+    explicit = os.environ.get("POSENC_LAB_RESULTS")
+    if explicit:
+        if not _marked(Path(explicit)):
+            raise PosencError(f"POSENC_LAB_RESULTS={explicit} has no {MARKER}: it is not a folder of committed results")
+        return Path(explicit)
+    found = _upward(Path.cwd().resolve()) or _upward(Path(__file__).resolve().parent)
+    if found:
+        return found
     try:
-        packaged = resources.files("posenc_lab.committed") / name
-    except ModuleNotFoundError:
-        packaged = None
-    if packaged is not None and packaged.is_dir():
-        return packaged
+        import posenc_lab_results
+    except ImportError:
+        raise PosencError(f"no committed results here (no results/{MARKER} in {Path.cwd()} or above, nor above the "
+                          f"package) and posenc-lab-results is not installed: {DATA_INSTALL}") from None
+    return Path(posenc_lab_results.__file__).resolve().parent
+
+
+def _checkout_root() -> Path:
+    return root()
+
+
+def folder(name: str) -> Path:
+    """The folder of committed results ``name`` (a run of :data:`RUNS`, or ``benchmarks``)."""
+    base = root()
+    if (base / name).is_dir():
+        return base / name
     known = ", ".join([*RUNS, "benchmarks"])
-    raise PosencError(f"no committed results named {name!r} (looked in {_checkout_root()} and in the installed "
-                      f"package); known: {known}")
+    raise PosencError(f"no committed results named {name!r} in {base}; known: {known}")
 
 
 def _read_json(node):

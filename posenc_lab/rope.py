@@ -265,8 +265,10 @@ def scaled_inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """Frequencies and attention factor of RoPE extrapolation strategy ``method`` (see ``ROPE_SCALINGS``).
 
-    ``factor`` defaults to ``max(1, seq_len / train_len)``; ``options`` are the strategy's own
-    (``beta_fast``, ``beta_slow``, ``ramp``, ``mscale`` for YaRN).
+    ``factor`` defaults to ``max(1, seq_len / train_len)``; every strategy but ``none`` needs one of the
+    two (``dynamic-ntk`` needs ``seq_len``). ``options`` are the strategy's own: ``beta_fast``,
+    ``beta_slow``, ``ramp``, ``mscale`` for YaRN; ``low_freq_factor``, ``high_freq_factor``,
+    ``original_len`` for Llama 3.
     """
     if method not in ROPE_SCALINGS:
         raise unknown_name("RoPE scaling", method, ROPE_SCALINGS)
@@ -279,6 +281,9 @@ def scaled_inv_freq(
             raise PosencError("dynamic-ntk derives its factor from the sequence length: pass seq_len")
         if factor is not None:
             raise PosencError("dynamic-ntk derives its factor from seq_len; use 'ntk' for a fixed factor")
+    elif method != "none" and factor is None and seq_len is None:
+        raise PosencError(f"RoPE scaling {method!r} needs factor=... or seq_len=... (then the factor is "
+                          "max(1, seq_len / train_len))")
     s = resolve_factor(train_len, seq_len, factor)
     try:
         return ROPE_SCALINGS[method](dim, float(base), s, train_len, seq_len, **options)
@@ -314,8 +319,10 @@ def rope_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
     """Rotate each pair ``(a, b)`` of ``x`` (``... n d``) to ``(a cos - b sin, a sin + b cos)``.
 
-    ``cos`` and ``sin`` are ``... n d/2`` and broadcast against ``x`` from the right. The pairs are
-    read *and written back* in the same layout. The arithmetic runs in float32 or better.
+    ``cos`` and ``sin`` are ``... n d/2`` and broadcast against ``x`` from the right, except that tables
+    of one row per batch entry (``b n d/2``, from positions ``b n``) meet ``x`` of shape ``b h n d`` row by
+    row (:func:`batch_tables`). The pairs are read *and written back* in the same layout. The arithmetic
+    runs in float32 or better.
     """
     if layout not in LAYOUTS:
         raise unknown_name("RoPE layout", layout, LAYOUTS)
@@ -324,7 +331,20 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = 
     if cos.shape[-1] != x.shape[-1] // 2:
         raise PosencError(f"RoPE tables have {cos.shape[-1]} pairs but the head dimension {x.shape[-1]} has {x.shape[-1] // 2}")
     compute = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = batch_tables(cos, x), batch_tables(sin, x)
     return rotate_with(x, *spread_tables(cos.to(compute), sin.to(compute), layout), layout)
+
+
+def batch_tables(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A table of positions ``b n`` (``b n f``) laid out for ``x`` of shape ``b h n d``: ``b 1 n f``, so that batch
+    row ``i`` is rotated with the positions of row ``i`` in every head (Hugging Face's ``position_ids``). Any
+    other table is returned as it is."""
+    if table.dim() == 3 and x.dim() == 4:
+        if table.shape[0] != x.shape[0]:
+            raise PosencError(f"positions of shape (b, n) need b = the batch of q and k ({x.shape[0]}), got b = "
+                              f"{table.shape[0]}")
+        return rearrange(table, "b n f -> b 1 n f")
+    return table
 
 
 def spread_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
