@@ -626,8 +626,14 @@ def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: 
       For another encoding it compares two trained models, paired by seed (they saw the same batches), so
       the verdict also carries the difference the two already have at the training length.
 
+    Losses in nats are log perplexities, so both are tested on the log scale and a gain counts only when it is at
+    least a 1 % ratio of perplexities (``exp(gain) >= 1.01``), in either direction.
+
     Columns: ``far_loss_full``, ``far_loss_reach`` (means over seeds), ``window`` (the baseline's limited
-    loss), the two verdicts and ``seeds`` (the seeds paired with the baseline, or the label's own)."""
+    loss), the two verdicts, ``ratio uses`` and ``ratio beats`` (perplexity with full attention over the other,
+    ``exp`` of the mean paired difference), their ``p uses`` and ``p beats``, and ``seeds`` (the seeds paired with
+    the baseline, or the label's own). Across lengths and labels these verdicts are an exploratory grid:
+    :func:`far_context_family` adjusts their p-values as one family."""
     import pandas as pd
 
     from . import report as rep
@@ -641,13 +647,38 @@ def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: 
     out = []
     for label in sorted(df["label"].unique()):
         full, reach = _per_seed(df, label, length, "far_loss_full"), _per_seed(df, label, length, "far_loss_reach")
-        uses = rep.verdict([rep.compare_paired(full, reach, alpha=alpha)], "<")
-        beats = "no baseline" if window is None else rep.verdict([rep.compare_paired(full, window, alpha=alpha)], "<")
+        uses = rep.compare_paired(full, reach, alpha=alpha, scale="log")
+        beats = None if window is None else rep.compare_paired(full, window, alpha=alpha, scale="log")
         paired = len(full) if window is None else len(full.index.intersection(window.index))
         out.append({"label": label, "far_loss_full": full.mean(), "far_loss_reach": reach.mean(),
-                    "window": math.nan if window is None else window.mean(), "uses the far context": uses,
-                    "beats the window": beats, "seeds": paired})
+                    "window": math.nan if window is None else window.mean(),
+                    "uses the far context": rep.verdict([uses], "<"),
+                    "beats the window": "no baseline" if beats is None else rep.verdict([beats], "<"),
+                    "ratio uses": uses.ratio, "p uses": uses.p, "ratio beats": math.nan if beats is None else beats.ratio,
+                    "p beats": math.nan if beats is None else beats.p, "seeds": paired})
     return pd.DataFrame(out).set_index("label")
+
+
+def far_context_family(rows, *, baseline: str = "rope/none", alpha: float | None = None) -> "pandas.DataFrame":
+    """Every verdict of :func:`windowed_verdicts` at every length as one exploratory family: one row per label,
+    length and question (``uses the far context``, ``beats the window``) with the perplexity ratio, the raw ``p``
+    and Holm's and Benjamini-Hochberg's adjusted values beside it (:func:`stats.adjusted`); read in prose only
+    what survives."""
+    import pandas as pd
+
+    from .stats import ALPHA, adjusted
+
+    lengths = sorted({r["eval_len"] for r in rows if r["status"] == "ok"})
+    records = []
+    for length in lengths:
+        table = windowed_verdicts(rows, length, baseline=baseline, alpha=alpha)
+        for label, r in table.iterrows():
+            for question, key in (("uses the far context", "uses"), ("beats the window", "beats")):
+                if not math.isnan(r[f"p {key}"]):
+                    records.append({"label": label, "eval_len": length, "question": question, "verdict": r[question],
+                                    "ratio": r[f"ratio {key}"], "p": r[f"p {key}"]})
+    return adjusted(pd.DataFrame(records, columns=["label", "eval_len", "question", "verdict", "ratio", "p"]),
+                    alpha=ALPHA if alpha is None else alpha)
 
 
 def report(out: Path | str) -> str:
@@ -679,7 +710,8 @@ def report(out: Path | str) -> str:
                   "", "| label | uses the far context | beats the window |", "|---|---|---|"]
         lines += [f"| {label} | {r['uses the far context']} | {r['beats the window']} |" for label, r in table.iterrows()]
     if keys:
-        lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [95 % interval]:",
+        lines += ["", "passkey in Python, exact match of the five digits pooled over depths and seeds [Wilson 95 %: the "
+                  "precision of these models' pooled windows, not an interval over seeds]:",
                   "", "| label | length | exact match | digits | first digit | digits, argmax of ten | distance |",
                   "|---|---|---|---|---|---|---|"]
         for (label, length), r in passkey_table(keys).iterrows():

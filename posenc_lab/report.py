@@ -1,67 +1,31 @@
 """The results table summarised over seeds, and the claims judged against the noise (``python -m posenc_lab report``).
 
 The tidy table (one row per encoding, strategy, seed, length and mode) is a ``pandas.DataFrame``;
-summaries are its group-bys. Every verdict on a claim uses one decision rule, :data:`RULE`: seeds
-are the samples, and a difference is *resolved* by a t-test at alpha = 0.05 (``scipy.stats``);
-a claim *holds* only when every comparison behind it is resolved in its favour and large enough to
-matter, and *fails* when one is resolved against it after Holm's correction. Everything else is
-*not resolved*; with a single seed nothing can be resolved, and the direction alone is reported.
-The spread over documents of the evaluation text is a separate question:
-:func:`document_bootstrap` resamples them.
+summaries are its group-bys. The tests live in :mod:`posenc_lab.stats` and the claims in
+:mod:`posenc_lab.claims`; this module re-exports the names the chapters use (``report.verdict``,
+``report.claims``, ``report.RULE``, ...). Every verdict follows one decision rule, :data:`RULE`:
+seeds are the samples, perplexities are compared on the log scale, a difference counts only when
+it is resolved and at least a 1 % ratio of perplexities, in either direction, and the two
+evaluation modes of a claim are one family. The spread over the documents of the evaluation text
+is reported apart: :func:`document_bootstrap` for levels, :func:`claims.claim_bootstrap` for the
+differences the claims rest on.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from .claims import (BREAK, RULE, Quantity, Test, claim_1b_readings, claim_bootstrap, claim_specs,  # noqa: F401
+                     claims, claims_text, comparison_table, decided, document_losses)
 from .errors import PosencError
-
-#: the decision rule of every verdict, in words
-RULE = ("Seeds are the samples. A comparison of A and B is a two-sided t-test at alpha = 0.05 with the t "
-        "distribution's critical values (scipy.stats): paired, on the per-seed differences, when A and B "
-        "were measured on the same seeds (two RoPE strategies of one trained model, or two encodings "
-        "trained with the same seed, which see the same batches); Welch's test when the seeds differ; a "
-        "one-sample test against a threshold. A claim holds when every comparison behind it is resolved "
-        "in its favour (p < 0.05) and every difference is at least 1 % of the value it is compared with; "
-        "it fails when some comparison is resolved against it after Holm's correction over that claim's "
-        "comparisons; otherwise it is not resolved, and the direction of the means is named. With one "
-        "seed nothing is resolved. The verdicts are about this evaluation text: the spread over its "
-        "documents is reported apart (a bootstrap over documents), not folded into the test.")
-#: perplexity growth above which an encoding is said to "break" (ALiBi paper's ordering)
-BREAK = 1.10
-
-
-def label(row) -> str:
-    """``rope/yarn`` for a RoPE strategy, the encoding's name otherwise."""
-    return row["encoding"] if row["strategy"] in ("-", "", None) or pd.isna(row["strategy"]) else f"{row['encoding']}/{row['strategy']}"
-
-
-def frame(rows) -> pd.DataFrame:
-    """The tidy results as a DataFrame with a ``label`` column (``rope/ntk``, ``alibi``, ...).
-
-    Accepts the rows of a run (a list of dicts, ``results.json``) or a DataFrame already.
-    """
-    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    if df.empty:
-        raise PosencError("no result rows")
-    if "label" not in df:
-        df["strategy"] = df.get("strategy", "-")
-        df["label"] = [label(r) for r in df[["encoding", "strategy"]].to_dict("records")]
-    for column in ("eval_len", "train_len", "seed"):
-        if column in df:
-            df[column] = df[column].astype(int)
-    for column in ("perplexity", "loss", "bits_per_byte"):
-        if column in df:
-            df[column] = pd.to_numeric(df[column], errors="coerce")
-    return df
+from .stats import (ACCURACY_FLOOR, ALPHA, FLOOR, Comparison, adjusted, bh, compare, compare_counts,  # noqa: F401
+                    compare_design, compare_paired, direction, frame, growth, holm, label, log_growth,
+                    seed_interval, seed_values, verdict)
 
 
 def summarize(rows, metric: str = "perplexity") -> pd.DataFrame:
@@ -139,7 +103,32 @@ def report(out: Path | str) -> str:
         for r in boot.itertuples():
             text.append(f"| {r.eval_mode} | {r.label} | {r.eval_len} | {r.perplexity:.3f} | {r.low:.3f} .. "
                         f"{r.high:.3f} | {r.doc_min:.2f} .. {r.doc_max:.2f} |")
+    if df["seed"].nunique() > 1 and (df["label"] == "alibi").any():
+        text += ["", claims_table(df, documents)]
     return "\n".join(text)
+
+
+def claims_table(rows, documents=None, *, judged_len: int = 2048) -> str:
+    """The claims' comparisons as Markdown: per claim part and mode, each comparison's ratio [95 % interval], p,
+    Holm's p over the part's comparisons in both modes, and (with ``documents``) the paired bootstrap interval
+    over documents of the same ratio, marked ``differs`` where it resolves otherwise than the t-test; then the
+    verdicts per mode and decided once from both modes (:func:`verdict_table`)."""
+    df = frame(rows)
+    modes = tuple(m for m in ("sliding", "nonoverlapping") if m in set(df["eval_mode"]))
+    judged = judged_len if judged_len in set(df["eval_len"]) else int(df["eval_len"].max())
+    table = comparison_table(df, modes=modes, judged_len=judged, documents=documents)
+    lines = [f"Claims judged at {judged} (log scale; ratio of perplexities or growths, 95 % interval, p):", "",
+             "| claim | mode | A | B | ratio [95 %] | p | p holm | documents' bootstrap 95 % |", "|---|---|---|---|---|---|---|---|"]
+    for r in table.to_dict("records"):
+        boot = (f"{r['boot low']:.3f} .. {r['boot high']:.3f}" + ("" if r["agree"] else " (differs)")
+                if "boot low" in r and not math.isnan(r["boot low"]) else "")
+        lines.append(f"| {r['claim']} | {r['mode']} | {r['a']} {r['want']} | {r['b']} | {r['ratio']:.3f} "
+                     f"[{r['low']:.3f}, {r['high']:.3f}] | {r['p']:.3g} | {r['p holm']:.3g} | {boot} |")
+    verdicts = verdict_table(df, modes=modes, judged_lens=(judged,))
+    verdicts.columns = [f"{m} ({n})" for m, n in verdicts.columns]
+    lines += ["", "| claim | " + " | ".join(verdicts.columns) + " |", "|---" * (len(verdicts.columns) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(row) + " |" for name, row in verdicts.iterrows()]
+    return "\n".join(lines)
 
 
 def load_documents(out: Path | str) -> pd.DataFrame | None:
@@ -182,333 +171,25 @@ def document_bootstrap(documents, *, resamples: int = 2000, level: float = 0.95,
     return pd.DataFrame(records)
 
 
-# --------------------------------------------------------------------------------------------- the noise
-
-#: the significance level of every test
-ALPHA = 0.05
-#: the smallest relative difference that counts as a difference that matters (1 % of the reference value)
-PRACTICAL = 0.01
+# --------------------------------------------------------------------------------------------- the verdicts
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A two-sided t-test of ``mean(A) - mean(B)`` (:data:`RULE`).
-
-    ``kind`` is ``"welch"`` (two independent samples), ``"paired"`` (samples indexed by the same
-    seeds: the test of the per-seed differences) or ``"threshold"`` (one sample against a number).
-    ``relative`` is ``diff`` divided by the reference (B's mean or the threshold), the size compared
-    with :data:`PRACTICAL`. ``p`` is NaN where no test is possible (one seed, no spread).
-    """
-
-    diff: float
-    relative: float
-    t: float
-    df: float
-    p: float
-    n: tuple[int, int]
-    kind: str = "welch"
-    alpha: float = ALPHA
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the test rejects equal means at ``alpha`` (never with a single seed)."""
-        return not math.isnan(self.p) and self.p < self.alpha
-
-    @property
-    def sign(self) -> str:
-        """``"<"``, ``">"`` (A below / above B, resolved) or ``"~"`` (not resolved)."""
-        return ("<" if self.diff < 0 else ">") if self.resolved else "~"
-
-    @property
-    def matters(self) -> bool:
-        """Whether the difference is at least :data:`PRACTICAL` of the reference value."""
-        return abs(self.relative) >= PRACTICAL
-
-
-def _nan_comparison(diff, relative, n, kind, alpha) -> Comparison:
-    return Comparison(diff, relative, math.nan, math.nan, math.nan, n, kind, alpha)
-
-
-def _finish(diff, ref, result, n, kind, alpha) -> Comparison:
-    t, p = float(result.statistic), float(result.pvalue)
-    df = float(getattr(result, "df", math.nan))
-    return Comparison(diff, diff / abs(ref) if ref else math.nan, t, df, p, n, kind, alpha)
-
-
-def _no_spread(values: np.ndarray) -> bool:
-    """Whether ``values`` do not vary, to rounding: a t-test then has nothing to estimate its error from. Equal
-    values can come out unequal in their last bits (``np.std([0.998] * 3)`` is about 1e-16, not 0), which would
-    otherwise give an unbounded ``t``."""
-    return len(values) == 0 or float(np.ptp(values)) <= 1e-12 * max(1.0, float(np.abs(values).max()))
-
-
-def compare(a, b, *, alpha: float = ALPHA) -> Comparison:
-    """Welch's t-test of two samples (values over seeds); ``b`` may be a number (a one-sample t-test
-    against a threshold). NaN values (cannot extrapolate) are dropped."""
-    a = np.asarray(a, dtype=float)
-    a = a[~np.isnan(a)]
-    if np.isscalar(b):
-        ref = float(b)
-        if not len(a):
-            return _nan_comparison(math.nan, math.nan, (0, math.inf), "threshold", alpha)
-        diff = float(a.mean()) - ref
-        if len(a) < 2 or _no_spread(a):
-            return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, (len(a), math.inf), "threshold", alpha)
-        return _finish(diff, ref, stats.ttest_1samp(a, ref), (len(a), math.inf), "threshold", alpha)
-    b = np.asarray(b, dtype=float)
-    b = b[~np.isnan(b)]
-    if not len(a) or not len(b):
-        return _nan_comparison(math.nan, math.nan, (len(a), len(b)), "welch", alpha)
-    diff, ref = float(a.mean() - b.mean()), float(b.mean())
-    if min(len(a), len(b)) < 2 or (_no_spread(a) and _no_spread(b)):
-        return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, (len(a), len(b)), "welch", alpha)
-    return _finish(diff, ref, stats.ttest_ind(a, b, equal_var=False), (len(a), len(b)), "welch", alpha)
-
-
-def compare_paired(a: pd.Series, b: pd.Series, *, alpha: float = ALPHA) -> Comparison:
-    """The paired t-test of two samples indexed by seed, over the seeds both have: for two strategies
-    applied to the same trained model, and for two encodings trained with the same seed (they see
-    the same batches in the same order, :func:`data.batch_at`).
-
-    Differences that do not vary over the seeds (as when every seed scores 0.998 at one length and 0
-    at another), to rounding, leave the test nothing to estimate its error from: no test (``p`` NaN)."""
-    both = pd.concat([a.rename("a"), b.rename("b")], axis=1).dropna()
-    if both.empty:
-        return _nan_comparison(math.nan, math.nan, (0, 0), "paired", alpha)
-    d = (both.a - both.b).to_numpy(dtype=float)
-    diff, ref = float(d.mean()), float(both.b.mean())
-    n = (len(both), len(both))
-    if len(both) < 2 or _no_spread(d):
-        return _nan_comparison(diff, diff / abs(ref) if ref else math.nan, n, "paired", alpha)
-    return _finish(diff, ref, stats.ttest_rel(both.a, both.b), n, "paired", alpha)
-
-
-def compare_design(a: pd.Series, b, *, alpha: float = ALPHA) -> Comparison:
-    """The test the design calls for: paired when ``a`` and ``b`` are indexed by the same seeds, Welch's
-    test otherwise, a one-sample test when ``b`` is a number."""
-    if isinstance(a, pd.Series) and isinstance(b, pd.Series):
-        sa, sb = set(a.dropna().index), set(b.dropna().index)
-        if sa == sb and len(sa) > 1:
-            return compare_paired(a, b, alpha=alpha)
-        return compare(a.to_numpy(), b.to_numpy(), alpha=alpha)
-    return compare(a.to_numpy() if isinstance(a, pd.Series) else a, b, alpha=alpha)
-
-
-def holm(pvalues) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979), in the input's order.
-
-    Sort the m p-values ascending; the k-th smallest (k = 1..m) is multiplied by ``m - k + 1``, the
-    running maximum is taken so that the adjusted values keep the order, and each is capped at 1.
-    Rejecting where the adjusted value is below alpha controls the family-wise error rate at alpha.
-    NaN (no test) is left NaN and not counted in m.
-    """
-    p = np.asarray(pvalues, dtype=float)
-    out = np.full(len(p), np.nan)
-    finite = np.flatnonzero(~np.isnan(p))
-    m = len(finite)
-    running = 0.0
-    for k, i in enumerate(finite[np.argsort(p[finite], kind="stable")]):
-        running = max(running, min(1.0, (m - k) * p[i]))
-        out[i] = running
-    return out.tolist()
-
-
-def verdict(comparisons: list, want: str | None = None) -> str:
-    """The verdict of one claim part under :data:`RULE`.
-
-    ``comparisons`` is a list of :class:`Comparison`, each wanted in direction ``want`` (``"<"`` or
-    ``">"``), or a list of ``(Comparison, want)`` pairs. ``holds``: every comparison resolved in its
-    wanted direction at alpha and at least :data:`PRACTICAL` in size (an intersection-union test: its
-    error rate is at most alpha without correction); ``fails``: some comparison resolved against its
-    direction after Holm's correction over the part's comparisons; ``not resolved`` otherwise, with the
-    direction the means point to; ``no data`` when nothing can be compared.
-    """
-    pairs = [(c, want) if isinstance(c, Comparison) else tuple(c) for c in comparisons]
-    pairs = [(c, w) for c, w in pairs if not math.isnan(c.diff)]
-    if not pairs:
-        return "no data"
-    adjusted = holm([c.p for c, _ in pairs])
-    against = [(c.diff < 0) != (w == "<") for c, w in pairs]
-    if any(bad and p < c.alpha for (c, _), bad, p in zip(pairs, against, adjusted)):
-        return "fails"
-    if all(c.resolved and not bad for (c, _), bad in zip(pairs, against)):
-        if all(c.matters for c, _ in pairs):
-            return "holds"
-        return f"not resolved (resolved, but a difference is under {PRACTICAL:.0%})"
-    return f"not resolved (the means point to {'fails' if any(against) else 'holds'})"
-
-
-def seed_values(df: pd.DataFrame, mode: str, name: str, length: int, metric: str = "perplexity") -> pd.Series:
-    """``metric`` of ``name`` at ``length`` for each seed (indexed by seed)."""
-    cell = df[(df.eval_mode == mode) & (df.label == name) & (df.eval_len == length)]
-    return cell.set_index("seed")[metric]
-
-
-def growth(df: pd.DataFrame, mode: str, name: str, length: int) -> pd.Series:
-    """``ppl(length) / ppl(train_len)`` for each seed: a seed is compared with itself."""
-    train = int(df["train_len"].iloc[0])
-    return seed_values(df, mode, name, length) / seed_values(df, mode, name, train)
-
-
-def _fmt(values: pd.Series) -> str:
-    values = values.dropna()
-    if values.empty:
-        return "n/a"
-    return f"{values.mean():.3f} ± {values.std():.3f}" if len(values) > 1 else f"{values.mean():.3f}"
-
-
-def claims(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict]:
-    """The article's three claims and the ALiBi paper's ordering, as they were written, judged at
-    ``judged_len`` in one mode.
-
-    ``judged_len`` is the article's 4x of 512 (2048); the claims speak of "beyond training", and each
-    verdict names the length it used. Every verdict states its criterion, the numbers (mean ± std
-    over seeds) and the decision rule, so a reader can disagree with the criterion without having to
-    trust the conclusion. Encodings and strategies are compared seed by seed when both have the same
-    seeds (:func:`compare_design`). Fine-tuned rows (``+ft``) are not schemes of their own here: they
-    had more training.
-    """
-    df = frame(rows)
-    df = df[df.eval_mode == mode]
-    lengths = sorted(df["eval_len"].unique())
-    train = int(df["train_len"].iloc[0])
-    if judged_len not in lengths:
-        judged_len = lengths[-1]
-    n = judged_len
-    out = []
-
-    def cmp(a, b):
-        return compare_design(a, b, alpha=alpha)
-
-    def g(name, length=n):
-        return growth(df, mode, name, length)
-
-    def ppl(name, length=n):
-        return seed_values(df, mode, name, length)
-
-    labels = sorted(name for name in df["label"].unique() if "+ft" not in name)
-    runs_at_n = [name for name in labels if not ppl(name).isna().all()]
-    encodings = [name for name in runs_at_n if not name.startswith("rope/") or name == "rope/none"]
-    others = [c for c in encodings if c != "alibi"]
-    out.append({
-        "id": "1",
-        "claim": "1. ALiBi is slightly worse than RoPE at the training length but the most stable beyond it",
-        "criterion": f"(a) ALiBi's perplexity at {train} above RoPE's (no scaling); (b) ALiBi's growth "
-                     f"ppl({n}) / ppl({train}) below that of every other encoding that can run at {n}",
-        "numbers": f"at {train}: ALiBi {_fmt(ppl('alibi', train))}, RoPE {_fmt(ppl('rope/none', train))}; growth to "
-                   f"{n}: " + ", ".join(f"{c} {_fmt(g(c))}" for c in sorted(encodings, key=lambda c: g(c).mean())),
-        "verdicts": {
-            "a (worse at training length)": verdict([cmp(ppl("alibi", train), ppl("rope/none", train))], ">"),
-            "b (most stable)": verdict([cmp(g("alibi"), g(c)) for c in others], "<"),
-        },
-    })
-    ntk_like = ("rope/ntk", "rope/dynamic-ntk")
-
-    def most_accurate(name, rivals):
-        return verdict([cmp(ppl(name), ppl(s)) for s in rivals], "<") if name in runs_at_n else "no data"
-
-    rivals = [s for s in runs_at_n if s not in ntk_like]
-    out.append({
-        "id": "2",
-        "claim": "2. RoPE with NTK-aware scaling is the most accurate of all schemes past the training length",
-        "criterion": f"ntk (and, separately, dynamic-ntk) has a lower perplexity at {n} than every other scheme that "
-                     f"runs there: every encoding and every RoPE strategy without fine-tuning; (ours, not the "
-                     f"article's) the same test for yarn",
-        "numbers": f"at {n}: " + ", ".join(f"{s} {_fmt(ppl(s))}" for s in sorted(runs_at_n, key=lambda s: ppl(s).mean())),
-        "verdicts": {
-            "ntk most accurate": most_accurate("rope/ntk", rivals),
-            "dynamic-ntk most accurate": most_accurate("rope/dynamic-ntk", rivals),
-            "yarn most accurate (ours)": most_accurate("rope/yarn", [s for s in runs_at_n if s != "rope/yarn"]),
-        },
-    })
-    out.append({
-        "id": "3",
-        "claim": "3. T5's bias extrapolates clearly worse than RoPE and ALiBi",
-        "criterion": f"T5's growth ppl({n}) / ppl({train}) above RoPE's (no scaling) and above ALiBi's",
-        "numbers": f"growth to {n}: T5 {_fmt(g('t5'))}, RoPE {_fmt(g('rope/none'))}, ALiBi {_fmt(g('alibi'))}",
-        "verdicts": {"worse than RoPE": verdict([cmp(g("t5"), g("rope/none"))], ">"),
-                     "worse than ALiBi": verdict([cmp(g("t5"), g("alibi"))], ">")},
-    })
-    beyond = [length for length in lengths if train < length <= n] or [length for length in lengths if length > train]
-    if not beyond:
-        return out
-    first, last = beyond[0], beyond[-1]
-
-    def breaks(name, length):  # one-sample test of the growth against BREAK
-        return cmp(g(name, length), BREAK)
-
-    def first_break(name):
-        for length in beyond:
-            c = breaks(name, length)
-            if c.resolved and c.diff > 0:
-                return length
-        return None
-
-    names = ("sinusoidal", "rope/none", "t5", "alibi")
-    order = {name: first_break(name) for name in names}
-    out.append({
-        "id": "ordering",
-        "claim": "ALiBi paper's ordering: sinusoidal breaks first, then rotary, T5 holds to about 2x, ALiBi stays flat",
-        "criterion": f"an encoding breaks at a length when its growth over the training length exceeds {BREAK} "
-                     f"(a one-sample test against {BREAK}); judged at {', '.join(map(str, beyond))}. Sinusoidal "
-                     f"breaks first: it breaks at {first} and grows more there than rotary, T5 and ALiBi. Then "
-                     f"rotary: rotary breaks by {last} and grows less than sinusoidal at {first}. T5 holds: below "
-                     f"{BREAK} up to {2 * train}. ALiBi stays flat: below {BREAK} everywhere",
-        "numbers": "; ".join(f"{name}: breaks at {order[name] or 'no length'} (growth "
-                             + ", ".join(f"{length}: {_fmt(g(name, length))}" for length in beyond) + ")"
-                             for name in names),
-        "verdicts": {  # an order needs two lengths past the training length ("no data" with one)
-            "sinusoidal breaks first": verdict([(breaks("sinusoidal", first), ">")]
-                                               + [(cmp(g("sinusoidal", first), g(o, first)), ">")
-                                                  for o in ("rope/none", "t5", "alibi")]) if first < last else "no data",
-            "then rotary": verdict([(breaks("rope/none", last), ">"),
-                                    (cmp(g("rope/none", first), g("sinusoidal", first)), "<")])
-                           if first < last else "no data",
-            "T5 holds to 2x": verdict([breaks("t5", length) for length in beyond if length <= 2 * train], "<"),
-            "ALiBi stays flat": verdict([breaks("alibi", length) for length in beyond], "<"),
-        },
-    })
-    return out
-
-
-def claims_text(rows, mode: str, *, judged_len: int = 2048, width: int = 76, rule: bool = True,
-                criteria: bool = True) -> str:
-    """:func:`claims` as plain text wrapped at ``width``: the decision rule first (unless ``rule=False``), then each
-    claim with its criterion (unless ``criteria=False``, for a second mode of claims already printed), the
-    numbers measured and the verdicts."""
-    lines = textwrap.wrap(f"decision rule: {RULE}", width) + [""] if rule else []
-    for c in claims(rows, mode, judged_len=judged_len):
-        lines += textwrap.wrap(c["claim"], width, subsequent_indent="   ")
-        parts = ([("criterion", c["criterion"])] if criteria else []) + [(f"measured ({mode})", c["numbers"])]
-        for name, text in parts:
-            lines += textwrap.wrap(f"{name}: {text}", width, initial_indent="  ", subsequent_indent="    ")
-        for part, v in c["verdicts"].items():
-            lines += textwrap.wrap(f"verdict, {part}: {v}", width, initial_indent="  ", subsequent_indent="    ")
-        lines.append("")
-    return "\n".join(lines).rstrip()
-
-
-def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(2048,), alpha: float = ALPHA) -> pd.DataFrame:
-    """Every claim's verdicts in one table: a row per claim and part, a column per (mode, judged length)."""
+def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(2048,), alpha: float = ALPHA,
+                  both: bool = True) -> pd.DataFrame:
+    """Every claim's verdicts in one table: a row per claim and part, a column per (mode, judged length), and, when
+    ``both`` and every mode was measured there, a column ``("both modes", length)``: the claim decided once, with
+    both modes' comparisons in one family (:func:`claims.decided`)."""
     df = frame(rows)
     measured = {mode: set(df.loc[df.eval_mode == mode, "eval_len"]) for mode in modes}
     records = [{"claim": f"{c['id']}: {part}", "mode": mode, "judged at": length, "verdict": v}
                for mode in modes for length in judged_lens if length in measured[mode]
                for c in claims(df, mode, judged_len=length, alpha=alpha) for part, v in c["verdicts"].items()]
+    if both and len(modes) > 1:
+        records += [{"claim": name, "mode": "both modes", "judged at": length, "verdict": v}
+                    for length in judged_lens if all(length in measured[m] for m in modes)
+                    for name, v in decided(df, modes=modes, judged_len=length, alpha=alpha).items()]
     table = pd.DataFrame(records).pivot(index="claim", columns=["mode", "judged at"], values="verdict")
     return table.loc[list(dict.fromkeys(r["claim"] for r in records))]
-
-
-def direction(verdict_text: str) -> str:
-    """What a verdict says, without its strength: ``holds``/``fails`` for a resolved verdict and for the
-    direction an unresolved one names ("not resolved (the means point to holds)" -> ``holds``);
-    ``unclear`` for an unresolved verdict that names none, ``no data`` for none."""
-    if verdict_text in ("holds", "fails", "no data"):
-        return verdict_text
-    for word in ("holds", "fails"):
-        if f"point to {word}" in verdict_text:
-            return word
-    return "unclear"
 
 
 def verdicts_side_by_side(runs: dict, *, mode: str = "sliding", judged_len: int = 2048,
@@ -529,8 +210,7 @@ def verdicts_side_by_side(runs: dict, *, mode: str = "sliding", judged_len: int 
 
 def spread_at_training_length(rows, labels, *, mode: str = "nonoverlapping") -> dict:
     """How far apart ``labels`` are at the training length: per label the mean perplexity over seeds,
-    and ``spread = max / min - 1`` of those means (issue 20's goal: within 10 % for RoPE, ALiBi, T5
-    and sinusoidal, as in the converged literature's 2 %)."""
+    and ``spread = max / min - 1`` of those means (the converged literature's models are about 2 % apart)."""
     df = frame(rows)
     train = int(df["train_len"].iloc[0])
     means = {name: float(seed_values(df, mode, name, train).mean()) for name in labels}
@@ -540,28 +220,35 @@ def spread_at_training_length(rows, labels, *, mode: str = "nonoverlapping") -> 
     return {"means": means, "spread": max(means.values()) / min(means.values()) - 1, "train_len": train}
 
 
-def versus(rows, pairs, *, mode: str, lengths=None, metric: str = "perplexity", alpha: float = ALPHA) -> pd.DataFrame:
-    """Label A against label B at each length, under :data:`RULE`'s test (:func:`compare_design`: paired over the
-    seeds both have when they have the same seeds). ``pairs`` is a list of ``(a, b)`` labels; ``lengths``
-    defaults to every length both were evaluated at in ``mode``. One row per pair and length: ``a``, ``b``,
-    ``eval_len``, the seed means ``mean a`` and ``mean b``, ``relative`` (``(a - b) / b`` of the means), the
-    test's ``p`` and ``test`` (paired, welch), and ``sign``: ``<`` or ``>`` where the difference is resolved at
-    ``alpha``, ``~`` where it is not. A difference, not a claim: which direction a paper predicts is for the
-    caller to say (:func:`verdict`)."""
+def versus(rows, pairs, *, mode, lengths=None, metric: str = "perplexity", alpha: float = ALPHA) -> pd.DataFrame:
+    """Label A against label B at each length, under :data:`RULE`'s test on the log scale (:func:`compare_design`:
+    paired over the seeds both have when they have the same seeds). ``pairs`` is a list of ``(a, b)`` labels;
+    ``mode`` one evaluation mode or several (a ``mode`` column tells them apart); ``lengths`` defaults to every
+    length both were evaluated at. One row per pair and length: ``a``, ``b``, ``eval_len``, the seed means
+    ``mean a`` and ``mean b``, ``ratio`` (``exp`` of the mean log difference) with ``low``/``high`` (its 95 %
+    interval), ``relative`` (``ratio - 1``), ``p``, ``test`` (paired, welch) and ``sign``: ``<`` or ``>`` where the
+    difference is resolved at ``alpha`` and at least 1 %, ``~`` otherwise. The table is an exploratory family:
+    ``p holm``, ``p BH`` and ``survives`` (:func:`stats.adjusted`) are computed over all its rows."""
     df = frame(rows)
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
     records = []
-    for a, b in pairs:
-        missing = [name for name in (a, b) if not (df.label == name).any()]
-        if missing:
-            raise PosencError(f"no rows for {', '.join(missing)}")
-        shared = set(df.loc[(df.eval_mode == mode) & (df.label == a), "eval_len"]) & set(
-            df.loc[(df.eval_mode == mode) & (df.label == b), "eval_len"])
-        for n in sorted(shared if lengths is None else shared & set(lengths)):
-            va, vb = seed_values(df, mode, a, n, metric), seed_values(df, mode, b, n, metric)
-            c = compare_design(va, vb, alpha=alpha)
-            records.append({"a": a, "b": b, "eval_len": n, "mean a": float(va.mean()), "mean b": float(vb.mean()),
-                            "relative": c.relative, "p": c.p, "test": c.kind, "sign": c.sign})
-    return pd.DataFrame(records, columns=["a", "b", "eval_len", "mean a", "mean b", "relative", "p", "test", "sign"])
+    for m in modes:
+        for a, b in pairs:
+            missing = [name for name in (a, b) if not (df.label == name).any()]
+            if missing:
+                raise PosencError(f"no rows for {', '.join(missing)}")
+            shared = set(df.loc[(df.eval_mode == m) & (df.label == a), "eval_len"]) & set(
+                df.loc[(df.eval_mode == m) & (df.label == b), "eval_len"])
+            for n in sorted(shared if lengths is None else shared & set(lengths)):
+                va, vb = seed_values(df, m, a, n, metric), seed_values(df, m, b, n, metric)
+                c = compare_design(va, vb, alpha=alpha, scale="log" if metric == "loss" else "ratio")
+                records.append({"mode": m, "a": a, "b": b, "eval_len": n, "mean a": float(va.mean()),
+                                "mean b": float(vb.mean()), "ratio": c.ratio, "low": c.interval[0],
+                                "high": c.interval[1], "relative": c.relative, "p": c.p, "test": c.kind,
+                                "sign": c.sign if c.matters else "~"})
+    columns = ["mode", "a", "b", "eval_len", "mean a", "mean b", "ratio", "low", "high", "relative", "p", "test", "sign"]
+    table = adjusted(pd.DataFrame(records, columns=columns), alpha=alpha)
+    return table if len(modes) > 1 else table.drop(columns="mode")
 
 
 #: the rows of the README's headline tables, in the order of the registry
@@ -571,12 +258,15 @@ HEADLINE_LABELS = ("nope", "sinusoidal", "learned", "rope/none", "rope/pi", "rop
 
 def headline(rows, *, judged_len: int = 2048) -> str:
     """The README's headline: both modes' tables (mean ± std over seeds) and the claims' verdicts at
-    ``judged_len``, as Markdown. The README holds exactly this text (a test checks it)."""
+    ``judged_len`` in each mode and decided once from both (one family), as Markdown. The README holds
+    exactly this text (a test checks it)."""
     labels = [name for name in HEADLINE_LABELS if name in set(frame(rows)["label"])]
     verdicts = verdict_table(rows, judged_lens=(judged_len,))
-    lines = ["| claim (judged at %d) | sliding | non-overlapping |" % judged_len, "|---|---|---|"]
+    lines = [f"| claim (judged at {judged_len}) | sliding | non-overlapping | decided (both modes, one family) |",
+             "|---|---|---|---|"]
     for claim, row in verdicts.iterrows():
-        lines.append(f"| {claim} | {row[('sliding', judged_len)]} | {row[('nonoverlapping', judged_len)]} |")
+        lines.append(f"| {claim} | {row[('sliding', judged_len)]} | {row[('nonoverlapping', judged_len)]} | "
+                     f"{row[('both modes', judged_len)]} |")
     return "\n\n".join([markdown_table(rows, "sliding", labels=labels),
                         markdown_table(rows, "nonoverlapping", labels=labels), "\n".join(lines)])
 
@@ -640,6 +330,21 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
     kept = table[~unjudged]
     kept.attrs["left out"] = list(table.index[unjudged])  # no data at any budget: named, not hidden
     return kept
+
+
+def budget_comparisons(checkpoints, *, judged_len: int | None = None, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every comparison behind :func:`budget_verdicts`, one row per checkpoint (``tokens (M)``) and test, with the
+    ratio, its interval and ``p``; the whole grid is one exploratory family, so ``p holm``, ``p BH`` and
+    ``survives`` (:func:`stats.adjusted`) sit beside the raw p. A verdict that flips between checkpoints on
+    comparisons that survive neither adjustment is threshold noise."""
+    df = budget_frame(checkpoints)
+    judged_len = judged_len or int(df["eval_len"].max())
+    tables = []
+    for tokens, at_step in df.groupby("tokens_seen", sort=True):
+        table = comparison_table(at_step, modes=("nonoverlapping",), judged_len=judged_len, alpha=alpha)
+        tables.append(table.assign(**{"tokens (M)": float(f"{tokens / 1e6:.3g}")}))
+    table = pd.concat(tables, ignore_index=True)
+    return adjusted(table[table["p"].notna()].drop(columns="p holm"), alpha=alpha)
 
 
 def _training_length_losses(checkpoints, labels) -> pd.DataFrame:

@@ -480,14 +480,26 @@ LEARNED = 0.95
 
 
 def by_length(rows):
-    """Exact-match accuracy per label and length, pooled over depths and seeds (all trials of a length), with its
-    Wilson 95 % interval: a DataFrame indexed by ``(label, eval_len)``; ``train_accuracy`` is the lowest over the
-    seeds (a label counts as learned when every seed learned its task, :data:`LEARNED`)."""
+    """Exact-match accuracy per label and length: ``accuracy``, the mean of the seeds' accuracies (each pooled over
+    depths), with ``ci_low``/``ci_high`` its 95 % interval from the seeds (:func:`stats.seed_interval`) and
+    ``per_seed`` the seeds' accuracies; ``wilson_low``/``wilson_high`` the Wilson interval of all windows pooled,
+    which is the precision of these trained models' pooled score, not an interval for the encoding. A DataFrame
+    indexed by ``(label, eval_len)``; ``train_accuracy`` is the lowest over the seeds (a label counts as learned
+    when every seed learned its task, :data:`LEARNED`)."""
+    from .stats import seed_interval
+
     df = frame(rows)
     pooled = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
                                                    status=("status", "first"), train_accuracy=("train_accuracy", "min"))
-    pooled["accuracy"] = pooled["correct"] / pooled["trials"].where(pooled["trials"] > 0)
     with_wilson(pooled)
+    pooled = pooled.rename(columns={"ci_low": "wilson_low", "ci_high": "wilson_high"})
+    seeds = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
+    per_seed = (seeds["correct"] / seeds["trials"].where(seeds["trials"] > 0)).groupby(["label", "eval_len"])
+    intervals = per_seed.apply(lambda x: seed_interval(x.to_numpy()))
+    pooled["accuracy"] = [intervals.loc[i][0] for i in pooled.index]
+    pooled["ci_low"] = [intervals.loc[i][1] for i in pooled.index]
+    pooled["ci_high"] = [intervals.loc[i][2] for i in pooled.index]
+    pooled["per_seed"] = [tuple(round(float(v), 3) for v in per_seed.get_group(i)) for i in pooled.index]
     return pooled
 
 
@@ -529,11 +541,13 @@ def by_seed(rows):
 
 
 def markdown_table(rows) -> str:
-    """Exact match per encoding (rows) and length (columns), pooled over depths and seeds, ``accuracy [low, high]``;
-    a label some seed of which did not learn its task (:data:`LEARNED`) is marked so in its first column."""
+    """Exact match per encoding (rows) and length (columns): the mean of the seeds' accuracies [95 % interval from
+    the seeds] and each seed's accuracy; a label some seed of which did not learn its task (:data:`LEARNED`) is
+    marked so in its first column."""
     table = by_length(rows)
     lengths = sorted(table.index.get_level_values("eval_len").unique())
-    lines = ["| exact match, pooled over depths and seeds [95 % interval] | " + " | ".join(map(str, lengths)) + " |",
+    lines = ["| exact match, mean of the seeds [95 % interval from the seeds] (each seed) | "
+             + " | ".join(map(str, lengths)) + " |",
              "|---" * (len(lengths) + 1) + "|"]
     for name in sorted(table.index.get_level_values("label").unique()):
         cells = []
@@ -544,7 +558,8 @@ def markdown_table(rows) -> str:
             elif r["status"] != "ok":
                 cells.append("cannot extrapolate")
             else:
-                cells.append(f"{r['accuracy']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]")
+                interval = "" if math.isnan(r["ci_low"]) else f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+                cells.append(f"{r['accuracy']:.2f}{interval} ({', '.join(f'{v:.2f}' for v in r['per_seed'])})")
         learned = table.loc[name]["train_accuracy"].min()
         mark = (" (training accuracy unknown)" if math.isnan(learned) else
                 f" (not learned: lowest seed {learned:.2f} at the end of training)" if learned < LEARNED else "")

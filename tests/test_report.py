@@ -42,186 +42,6 @@ def test_table_header_counts_the_seeds_of_the_rows_it_shows():
     assert only.splitlines()[0].endswith("| 512 | 128 |")
 
 
-def test_compare_is_welchs_test_computed_by_hand():
-    a, b = np.array([1.0, 1.3, 0.8, 1.1]), np.array([2.0, 2.6, 1.7])
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))  # Welch-Satterthwaite
-    c = report.compare(a, b)
-    assert c.kind == "welch" and c.t == pytest.approx(t) and c.df == pytest.approx(df)
-    assert c.p == pytest.approx(2 * stats.t.sf(abs(t), df)) and c.sign == "<"
-    assert c.relative == pytest.approx((a.mean() - b.mean()) / b.mean())
-
-
-def test_compare_uses_the_t_distribution_not_two_standard_errors():
-    # |t| = 2.5 with 3 + 3 seeds and equal spreads: beyond two standard errors, but p = 0.067 at 4 degrees of freedom
-    a, b = np.array([-1.0, 0.0, 1.0]), np.array([-1.0, 0.0, 1.0]) + 2.5 * math.sqrt(2 / 3)
-    c = report.compare(a, b)
-    assert c.t == pytest.approx(-2.5) and c.df == pytest.approx(4.0) and not c.resolved
-    assert report.compare([1.0], [2.0]).sign == "~"  # one seed: no test, nothing resolved
-    one = report.compare([1.2, 1.21, 1.19], 1.1)  # against a threshold
-    assert one.kind == "threshold" and one.sign == ">" and one.p == pytest.approx(stats.ttest_1samp([1.2, 1.21, 1.19], 1.1).pvalue)
-
-
-def test_holm_matches_a_hand_computation():
-    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> kept monotone at 0.06
-    assert report.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert report.holm([0.5, 0.3]) == pytest.approx([0.6, 0.6])  # 0.3 x 2 = 0.6; 0.5 x 1 -> max(0.6, 0.5)
-    assert report.holm([0.4, 0.9, 0.8]) == pytest.approx([1.0, 1.0, 1.0])  # capped at 1
-    out = report.holm([math.nan, 0.02, 0.04])  # no test: not counted in m
-    assert math.isnan(out[0]) and out[1:] == pytest.approx([0.04, 0.04])
-
-
-def _simulate(effect, trials, comparisons=1, seeds=3, rng_seed=0, shared=0.3, spread=0.02):
-    """Perplexities near 8 for ``1 + comparisons`` encodings over ``seeds`` seeds: a seed effect that all encodings
-    share (same batches) plus a spread of their own, the first encoding ``effect`` (relative) below the others.
-    Returns the fraction of trials whose verdict on "the first is below every other" is holds, and is fails."""
-    rng = np.random.default_rng(rng_seed)
-    holds = fails = 0
-    for _ in range(trials):
-        seed_effect = shared * spread * 8 * rng.standard_normal(seeds)
-        values = 8 * (1 + spread * rng.standard_normal((1 + comparisons, seeds))) + seed_effect
-        values[0] *= 1 - effect
-        series = [pd.Series(v, index=range(seeds)) for v in values]
-        v = report.verdict([report.compare_design(series[0], s) for s in series[1:]], "<")
-        holds += v == "holds"
-        fails += v == "fails"
-    return holds / trials, fails / trials
-
-
-def test_the_rule_calls_a_difference_between_equal_encodings_at_most_5_percent_of_the_time():
-    # one comparison (claim 1a), and a part with several (1b against every other); measured: 4.2 % and 2.3 %
-    for comparisons, trials in ((1, 2000), (4, 1000)):
-        holds, fails = _simulate(0.0, trials, comparisons=comparisons)
-        assert holds + fails <= 0.05, (comparisons, holds, fails)
-    # Welch's test (seeds that differ) as well
-    rng = np.random.default_rng(1)
-    called = sum(report.compare(8 + 0.16 * rng.standard_normal(3), 8 + 0.16 * rng.standard_normal(3)).resolved
-                 for _ in range(4000)) / 4000
-    assert called <= 0.05
-    # the old rule (two standard errors, no t distribution) would have called far more
-    rng = np.random.default_rng(1)
-    old = 0
-    for _ in range(4000):
-        a, b = 8 + 0.16 * rng.standard_normal(3), 8 + 0.16 * rng.standard_normal(3)
-        old += abs(a.mean() - b.mean()) > 2 * math.sqrt(a.var(ddof=1) / 3 + b.var(ddof=1) / 3)
-    assert old / 4000 > 0.10
-
-
-def test_the_rule_resolves_a_clear_difference():
-    holds, fails = _simulate(0.20, 500, comparisons=4)  # 20 % better than each of 4, 2 % spread between seeds
-    assert holds >= 0.95 and fails == 0
-    holds, fails = _simulate(0.10, 500, comparisons=1)  # 10 % better than one: 3 seeds resolve it most of the time
-    assert holds >= 0.8 and fails == 0
-
-
-def test_a_resolved_difference_under_one_percent_does_not_hold():
-    a = pd.Series([8.00, 8.50, 9.00])
-    b = a + pd.Series([0.040, 0.041, 0.039])  # resolved (paired), but 0.5 %
-    c = report.compare_design(a, b)
-    assert c.kind == "paired" and c.resolved and not c.matters
-    assert report.verdict([c], "<").startswith("not resolved (resolved, but a difference is under 1%)")
-
-
-def test_fails_needs_holm_adjusted_significance():
-    ps = [0.03, 0.5, 0.6]  # one raw p below 0.05 against the claim, but not after Holm over 3 comparisons
-    comps = [report.Comparison(diff=+1.0, relative=0.1, t=3.0, df=4.0, p=p, n=(3, 3)) for p in ps]
-    assert report.verdict(comps, "<").startswith("not resolved")
-    comps[0] = report.Comparison(diff=+1.0, relative=0.1, t=9.0, df=4.0, p=0.01, n=(3, 3))  # 0.03 after Holm
-    assert report.verdict(comps, "<") == "fails"
-
-
-ARTICLE_WORLD = {  # a world where every claim holds
-    "alibi": (6.5, 6.4, 6.45), "rope/none": (6.4, 9.0, 15.0), "rope/ntk": (6.4, 6.3, 6.2),
-    "rope/pi": (6.4, 8.0, 9.0), "t5": (6.45, 6.6, 30.0), "sinusoidal": (7.0, 20.0, 40.0),
-    "learned": (6.9, math.nan, math.nan),
-}
-
-
-def verdicts_of(world, seeds=(0, 1, 2), jitter=0.01):
-    rows = rows_from(world, seeds=seeds)
-    return {c["claim"][:2]: c["verdicts"] for c in report.claims(rows, "nonoverlapping", judged_len=512)}
-
-
-def test_claims_hold_where_they_should():
-    v = verdicts_of(ARTICLE_WORLD)
-    assert v["1."] == {"a (worse at training length)": "holds", "b (most stable)": "holds"}
-    assert v["2."] == {"ntk most accurate": "holds", "dynamic-ntk most accurate": "no data",
-                       "yarn most accurate (ours)": "no data"}
-    assert v["3."] == {"worse than RoPE": "holds", "worse than ALiBi": "holds"}
-    assert v["AL"] == {"sinusoidal breaks first": "holds", "then rotary": "holds", "T5 holds to 2x": "holds",
-                       "ALiBi stays flat": "holds"}
-
-
-def test_claim_2_is_against_every_scheme_not_only_ropes_strategies():
-    # NTK beats every RoPE strategy but not ALiBi: as the article wrote it, the claim fails
-    world = dict(ARTICLE_WORLD, **{"rope/ntk": (6.4, 6.6, 7.0)})
-    assert verdicts_of(world)["2."]["ntk most accurate"] == "fails"
-
-
-def test_then_rotary_is_judged():
-    # rotary never breaks: the ordering's "then rotary" fails
-    world = dict(ARTICLE_WORLD, **{"rope/none": (6.4, 6.4, 6.45)})
-    assert verdicts_of(world)["AL"]["then rotary"] == "fails"
-
-
-def test_claims_fail_where_they_should():
-    world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0), t5=(6.45, 6.5, 6.6), **{"rope/pi": (6.4, 6.5, 6.0)})
-    v = verdicts_of(world)
-    assert v["1."] == {"a (worse at training length)": "fails", "b (most stable)": "fails"}
-    assert v["2."]["ntk most accurate"] == "fails"
-    assert v["3."] == {"worse than RoPE": "fails", "worse than ALiBi": "fails"}
-    assert v["AL"]["ALiBi stays flat"] == "fails"
-
-
-def test_claims_inside_the_noise_are_not_resolved():
-    """Two encodings whose seeds overlap are never declared better or worse."""
-    rows = []
-    for seed, (a, r) in enumerate([(6.0, 6.3), (6.6, 6.2), (6.3, 6.5)]):
-        for name, ppl in (("alibi", a), ("rope/none", r)):
-            enc, _, strategy = name.partition("/")
-            for length in LENGTHS:
-                rows.append({"encoding": enc, "strategy": strategy or "-", "seed": seed, "eval_len": length,
-                             "eval_mode": "nonoverlapping", "train_len": 128, "perplexity": ppl})
-    claim = report.claims(rows, "nonoverlapping", judged_len=512)[0]
-    assert claim["verdicts"]["a (worse at training length)"].startswith("not resolved")
-
-
-def test_one_seed_resolves_nothing_but_reports_the_direction():
-    v = verdicts_of(ARTICLE_WORLD, seeds=(0,))
-    assert v["1."]["a (worse at training length)"] == "not resolved (the means point to holds)"
-    assert all(x.startswith("not resolved") or x == "no data" for c in v.values() for x in c.values())
-
-
-def test_claims_text_prints_the_rule_with_the_verdicts():
-    text = report.claims_text(rows_from(ARTICLE_WORLD, seeds=(0, 1)), "nonoverlapping", judged_len=512)
-    assert text.startswith("decision rule: Seeds are the samples.") and "verdict, b (most stable): holds" in text
-    short = report.claims_text(rows_from(ARTICLE_WORLD, seeds=(0, 1)), "nonoverlapping", judged_len=512,
-                               rule=False, criteria=False)
-    assert "decision rule" not in short and "criterion:" not in short and "criterion:" in text
-    assert [l for l in text.splitlines() if "verdict," in l] == [l for l in short.splitlines() if "verdict," in l]
-
-
-def test_nothing_to_compare_is_no_data_not_a_verdict():
-    assert report.verdict([], "<") == "no data"
-    world = {k: v for k, v in ARTICLE_WORLD.items() if k != "t5"}
-    v = verdicts_of(world)
-    assert v["3."] == {"worse than RoPE": "no data", "worse than ALiBi": "no data"}
-
-
-def test_paired_comparison_removes_what_the_seeds_share():
-    import pandas as pd
-
-    a = pd.Series([10.0, 12.0, 14.0], index=[0, 1, 2])  # a big spread between seeds...
-    b = a + pd.Series([0.5, 0.52, 0.48], index=[0, 1, 2])  # ...shared by b, which is always about 0.5 above
-    assert report.compare(a.to_numpy(), b.to_numpy()).sign == "~"  # unpaired: lost in the spread between seeds
-    paired = report.compare_paired(a, b)
-    assert paired.sign == "<" and paired.diff == pytest.approx(-0.5)
-    assert paired.p == pytest.approx(stats.ttest_rel(a, b).pvalue)
-    assert report.compare_design(a, b).kind == "paired"  # same seeds: the design pairs them
-    assert report.compare_design(a, b.iloc[:2]).kind == "welch"
-
-
 def test_document_bootstrap_brackets_the_value_and_spans_the_documents():
     rows = []
     for seed in (0, 1):
@@ -277,6 +97,22 @@ def _ordering_rows(lengths):
                              "train_len": lengths[0], "eval_len": length, "eval_mode": "nonoverlapping",
                              "status": "ok", "perplexity": 8.0 * factor * (1 + 0.002 * rng.standard_normal())})
     return rows
+
+
+def test_budget_comparisons_are_one_family_with_adjusted_p():
+    table = report.budget_comparisons(_checkpoint_rows())
+    assert set(table["tokens (M)"]) == {0.1, 0.2} and {"p", "p holm", "p BH", "survives"} <= set(table.columns)
+    assert table["p BH"].tolist() == pytest.approx(report.bh(table["p"]))
+    t5 = table[(table.claim == "3: worse than RoPE") & (table["tokens (M)"] == 0.1)].iloc[0]
+    assert t5["ratio"] == pytest.approx(2.0 / 1.5, rel=0.05)  # growth 2.0 against 1.5
+
+
+def test_headline_decides_each_claim_once_from_both_modes():
+    rows = _ordering_rows((128, 256, 512))
+    rows += [dict(r, eval_mode="sliding") for r in rows]
+    text = report.headline(rows, judged_len=512)
+    assert "| claim (judged at 512) | sliding | non-overlapping | decided (both modes, one family) |" in text
+    assert "| ordering: ALiBi stays flat | holds | holds | holds |" in text
 
 
 def test_an_order_needs_two_lengths_past_the_training_length():
@@ -370,7 +206,7 @@ def test_budget_spread_follows_the_gap_checkpoint_by_checkpoint():
 def test_direction_reads_what_a_verdict_says():
     assert report.direction("holds") == "holds" and report.direction("no data") == "no data"
     assert report.direction("not resolved (the means point to fails)") == "fails"
-    assert report.direction("not resolved (resolved, but a difference is under 1%)") == "unclear"
+    assert report.direction("not resolved (resolved, under 1 %)") == "unclear"
 
 
 def test_verdicts_side_by_side_say_which_changed():
@@ -404,33 +240,20 @@ def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
     rows += [dict(r, encoding="c", eval_len=64) for r in rows if r["encoding"] == "b" and r["eval_len"] == 64]
     out = report.versus(rows, [("a", "b"), ("c", "b")], mode="sliding")
     assert list(out[["a", "eval_len"]].itertuples(index=False, name=None)) == [("a", 64), ("a", 128), ("c", 64)]
-    d = np.array([(5.0 + 0.1 * s + 0.05 * s * s) - (6.0 + 0.1 * s) for s in range(4)])
+    d = np.array([math.log((5.0 + 0.1 * s + 0.05 * s * s) / (6.0 + 0.1 * s)) for s in range(4)])  # log ratios
     t = d.mean() / (d.std(ddof=1) / math.sqrt(4))
     first = out.iloc[0]
     assert first["test"] == "paired" and first["sign"] == "<"
     assert first["p"] == pytest.approx(2 * stats.t.sf(abs(t), 3))
-    assert first["relative"] == pytest.approx(d.mean() / np.mean([6.0 + 0.1 * s for s in range(4)]))
+    assert first["ratio"] == pytest.approx(math.exp(d.mean())) and first["relative"] == pytest.approx(first["ratio"] - 1)
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert (first["low"], first["high"]) == pytest.approx((math.exp(d.mean() - half), math.exp(d.mean() + half)))
+    assert out["p holm"].tolist() == pytest.approx(report.holm(out["p"]), nan_ok=True) and "p BH" in out
+    two = rows + [dict(r, eval_mode="nonoverlapping") for r in rows]
+    both = report.versus(two, [("a", "b")], mode=("sliding", "nonoverlapping"))  # one family over both modes
+    assert sorted(set(both["mode"])) == ["nonoverlapping", "sliding"] and len(both) == 4
+    assert both["p holm"].tolist() == pytest.approx(report.holm(both["p"]), nan_ok=True)
     assert out.iloc[2]["sign"] == "~" and math.isnan(out.iloc[2]["p"])  # identical values: no spread, no test
     assert report.versus(rows, [("a", "b")], mode="sliding", lengths=[128])["eval_len"].tolist() == [128]
     with pytest.raises(PosencError, match="no rows for zz"):
         report.versus(rows, [("a", "zz")], mode="sliding")
-
-
-def test_paired_differences_equal_but_for_rounding_get_no_test_as_equal_ones_do():
-    """Every seed 0.998 at one length and 0 at another: the differences do not vary, so the paired t-test has no
-    spread to work with. 0.998 reached in different ways can differ in the last bit, and the standard deviation of
-    three equal 0.998's is not 0 in floating point; neither may turn "no test" into an unbounded t and a verdict,
-    in the paired test nor in the one-sample and Welch tests."""
-    exact = report.compare_paired(pd.Series([0.0, 0.0, 0.0]), pd.Series([0.998, 0.998, 0.998]))
-    parts = pd.Series([float(np.mean([1.0, 1.0, 0.994])), 499 / 500, 1 - 0.002])  # 0.998, reached three ways
-    assert np.ptp(parts.to_numpy() - 0.0) > 0  # unequal in the last bits
-    rounded = report.compare_paired(pd.Series([0.0, 0.0, 0.0]), parts)
-    for c in (exact, rounded):
-        assert math.isnan(c.p) and c.diff == pytest.approx(-0.998)
-        assert report.verdict([c], "<") == "not resolved (the means point to holds)"
-    varied = report.compare_paired(pd.Series([0.0, 0.01, 0.0]), pd.Series([0.998, 0.99, 0.97]))
-    assert varied.p < 0.05 and report.verdict([varied], "<") == "holds"
-    assert np.std([0.998] * 3) > 0  # not 0 in floating point
-    for c in (report.compare([0.998] * 3, 0.5), report.compare([0.998] * 3, [0.0] * 3)):
-        assert math.isnan(c.p) and c.diff == pytest.approx(0.498 if c.kind == "threshold" else 0.998)
-    assert report.compare([0.998, 0.99, 0.97], [0.0, 0.01, 0.0]).p < 0.05

@@ -1,0 +1,142 @@
+"""The article's claims as tests of log-scale quantities, on synthetic rows with known answers."""
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+from posenc_lab import claims, report
+
+LENGTHS = (128, 256, 512)
+
+
+def rows_from(table: dict, seeds=(0, 1, 2), mode="nonoverlapping", noise=0.004):
+    rows = []
+    for name, values in table.items():
+        enc, _, strategy = name.partition("/")
+        for seed in seeds:
+            for length, ppl in zip(LENGTHS, values):
+                # a small noise of its own for every cell, so that paired differences have a spread
+                bump = 0.01 * seed + noise * np.random.default_rng(zlib.crc32(f"{name}{seed}{length}".encode())).standard_normal()
+                rows.append({"encoding": enc, "strategy": strategy or "-", "seed": seed, "eval_len": length,
+                             "eval_mode": mode, "train_len": 128, "perplexity": ppl + bump if ppl == ppl else ppl})
+    return rows
+
+
+ARTICLE_WORLD = {  # a world where every claim holds
+    "alibi": (6.5, 6.4, 6.45), "rope/none": (6.4, 9.0, 15.0), "rope/ntk": (6.4, 6.3, 6.2),
+    "rope/pi": (6.4, 8.0, 9.0), "t5": (6.45, 6.6, 30.0), "sinusoidal": (7.0, 20.0, 40.0),
+    "learned": (6.9, math.nan, math.nan),
+}
+
+
+def verdicts_of(world, seeds=(0, 1, 2)):
+    return {c["claim"][:2]: c["verdicts"] for c in claims.claims(rows_from(world, seeds), "nonoverlapping", judged_len=512)}
+
+
+def test_the_rule_states_scale_floor_and_families():
+    for words in ("log scale", "log 1.01", "in both directions", "Holm", "one family", "Benjamini-Hochberg",
+                  "Fisher's exact test"):
+        assert words in report.RULE, words
+
+
+def test_claims_hold_where_they_should():
+    v = verdicts_of(ARTICLE_WORLD)
+    assert v["1."] == {"a (worse at training length)": "holds", "b (most stable)": "holds"}
+    assert v["2."] == {"ntk most accurate": "holds", "dynamic-ntk most accurate": "no data",
+                       "yarn most accurate (ours)": "no data"}
+    assert v["3."] == {"worse than RoPE": "holds", "worse than ALiBi": "holds"}
+    assert v["AL"] == {"sinusoidal breaks first": "holds", "then rotary": "holds", "T5 holds to 2x": "holds",
+                       "ALiBi stays flat": "holds"}
+
+
+def test_claims_fail_where_they_should():
+    world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0), t5=(6.45, 6.5, 6.6), **{"rope/pi": (6.4, 6.5, 6.0)})
+    v = verdicts_of(world)
+    assert v["1."] == {"a (worse at training length)": "fails", "b (most stable)": "fails"}
+    assert v["2."]["ntk most accurate"] == "fails"
+    assert v["3."] == {"worse than RoPE": "fails", "worse than ALiBi": "fails"}
+    assert v["AL"]["ALiBi stays flat"] == "fails"
+
+
+def test_claim_2_is_against_every_scheme_and_then_rotary_is_judged():
+    assert verdicts_of(dict(ARTICLE_WORLD, **{"rope/ntk": (6.4, 6.6, 7.0)}))["2."]["ntk most accurate"] == "fails"
+    assert verdicts_of(dict(ARTICLE_WORLD, **{"rope/none": (6.4, 6.4, 6.45)}))["AL"]["then rotary"] == "fails"
+
+
+def test_most_stable_means_the_smallest_change_either_way():
+    """ALiBi's perplexity falls by 10 % with length while a rival's rises by 3 %: signed, ALiBi grows least;
+    by the size of the change the rival is the more stable, and the claim fails."""
+    world = {"alibi": (6.5, 6.2, 5.85), "rope/none": (6.4, 6.5, 6.6), "t5": (6.45, 9.0, 12.0)}
+    rows = rows_from(world)
+    readings = claims.claim_1b_readings(rows, "nonoverlapping", judged_len=512)
+    assert readings == {"smallest |log growth| (the book's)": "fails", "smallest log growth (signed)": "holds"}
+    assert verdicts_of(world)["1."]["b (most stable)"] == "fails"
+
+
+def test_one_seed_resolves_nothing_but_reports_the_direction():
+    v = verdicts_of(ARTICLE_WORLD, seeds=(0,))
+    assert v["1."]["a (worse at training length)"] == "not resolved (the means point to holds)"
+    assert all(x.startswith("not resolved") or x == "no data" for c in v.values() for x in c.values())
+
+
+def test_nothing_to_compare_is_no_data_not_a_verdict():
+    v = verdicts_of({k: val for k, val in ARTICLE_WORLD.items() if k != "t5"})
+    assert v["3."] == {"worse than RoPE": "no data", "worse than ALiBi": "no data"}
+
+
+def test_two_modes_are_one_family_decided_once():
+    """Each mode alone resolves claim 1a at p just under 0.05; Holm over both modes' comparisons does not."""
+    rows = []
+    for mode, shift in (("nonoverlapping", 0.0), ("sliding", 0.001)):
+        for seed, (a, r) in enumerate([(1.10, 1.00), (1.05, 1.00), (1.12, 1.03)]):
+            for name, loss in (("alibi", a), ("rope/none", r)):
+                enc, _, strategy = name.partition("/")
+                rows += [{"encoding": enc, "strategy": strategy or "-", "seed": seed, "eval_len": n, "eval_mode": mode,
+                          "train_len": 128, "loss": loss + shift, "perplexity": math.exp(loss + shift)} for n in LENGTHS]
+    per_mode = [claims.claims(rows, m, judged_len=512)[0]["comparisons"]["a (worse at training length)"][0][1]
+                for m in ("nonoverlapping", "sliding")]
+    assert all(0.025 < c.p < 0.05 for c in per_mode)
+    table = report.verdict_table(rows, judged_lens=(512,))
+    row = table.loc["1: a (worse at training length)"]
+    assert row[("nonoverlapping", 512)] == row[("sliding", 512)] == "holds"  # holds needs no correction ...
+    assert row[("both modes", 512)] == "holds"  # ... and holds in both: decided once, holds
+    flipped = [dict(r, loss=-r["loss"], perplexity=math.exp(-r["loss"])) for r in rows]  # now against the claim
+    row = report.verdict_table(flipped, judged_lens=(512,)).loc["1: a (worse at training length)"]
+    assert row[("nonoverlapping", 512)] == "fails" and row[("both modes", 512)].startswith("not resolved")
+
+
+def test_claim_bootstrap_on_two_documents_by_hand():
+    """Two documents, A and B: resampling two documents with replacement draws (d0, d0), (d0, d1) or (d1, d1),
+    and A and B are always drawn together, so the differences are only the three the draws give by hand."""
+    docs = []
+    for name, losses in (("alibi", (1.0, 2.0)), ("t5", (1.2, 2.1))):
+        for doc, tokens, loss in zip(("d0", "d1"), (100, 300), losses):
+            docs.append({"encoding": name, "strategy": "-", "seed": 0, "eval_len": 128, "eval_mode": "sliding",
+                         "document": doc, "tokens": tokens, "loss": loss})
+    test = claims.Test(claims.Quantity("level", "alibi", 128), claims.Quantity("level", "t5", 128), "<")
+    cells = claims.document_losses(docs, resamples=4000, seed=1)
+    d = (cells[("sliding", "alibi", 128)] - cells[("sliding", "t5", 128)])[0].to_numpy()
+    mixed = (100 * 1.0 + 300 * 2.0) / 400 - (100 * 1.2 + 300 * 2.1) / 400
+    assert d[0] == pytest.approx(mixed)  # row 0: the documents as they are
+    assert set(np.round(d, 9)) == set(np.round([-0.2, mixed, -0.1], 9))  # never A of one draw with B of another
+    assert np.mean(np.isclose(d[1:], mixed)) == pytest.approx(0.5, abs=0.03)
+    out = claims.claim_bootstrap(docs, [("sliding", test)], train=128, resamples=4000, seed=1).iloc[0]
+    assert out["diff"] == pytest.approx(mixed) and out["low"] == pytest.approx(-0.2) and out["high"] == pytest.approx(-0.1)
+
+
+def test_comparison_table_prints_the_bootstrap_beside_the_t_test():
+    rows = rows_from(ARTICLE_WORLD)
+    docs = [{"encoding": r["encoding"], "strategy": r["strategy"], "seed": r["seed"], "eval_len": r["eval_len"],
+             "eval_mode": r["eval_mode"], "document": doc, "tokens": 100,
+             "loss": math.log(r["perplexity"]) + (0.01 if doc == "d0" else -0.01)}
+            for r in rows if r["perplexity"] == r["perplexity"] for doc in ("d0", "d1", "d2")]
+    table = claims.comparison_table(rows, modes=("nonoverlapping",), judged_len=512, documents=docs, resamples=200)
+    first = table.iloc[0]
+    assert first["claim"] == "1: a (worse at training length)" and first["low"] < first["ratio"] < first["high"]
+    # every document moves both labels alike here: the bootstrap has nothing to resample but the ratio itself
+    assert first["boot low"] == pytest.approx(first["ratio"]) == first["boot high"]
+    assert {"p holm", "agree"} <= set(table.columns)
+    text = claims.claims_text(rows, "nonoverlapping", judged_len=512)
+    assert text.startswith("decision rule: Seeds are the samples") and "ratio" in text and "p = " in text
