@@ -2,10 +2,12 @@
 
 Each builder returns a ``plotly`` figure whose slider switches between precomputed settings (no
 server, no kernel: it works in a static page). :func:`show` puts one in a notebook: on Colab through
-plotly's own renderer; elsewhere as a ``<div>`` and a script that draws it with the ``Plotly``
-the built book loads from its own files (offline, no CDN), falling back to plotly's CDN only in
-a notebook front end that has no ``Plotly`` yet. The numbers drawn are the package's formulas:
-:func:`rope.scaled_inv_freq`, :func:`bias.alibi_slopes`, :func:`bias.t5_bucket`.
+plotly's own renderer; elsewhere as a ``<div>`` and a script that draws it with ``Plotly``. Nothing
+is loaded from the network. The first figure a kernel shows carries plotly.js itself (:func:`library`),
+so a saved notebook opened offline draws every figure in it. The built book loads its own copy of
+plotly.js on every page and drops the embedded one (``book/_ext/posenc_plotly.py``). The numbers
+drawn are the package's formulas: :func:`rope.scaled_inv_freq`, :func:`bias.alibi_slopes`,
+:func:`bias.t5_bucket`.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ import torch
 
 from . import bias, rope
 
+# The attribute that marks the embedded plotly.js, so that the book build can find and drop it.
+LIBRARY_MARK = "data-posenc-plotlyjs"
 
-def cdn() -> str:
-    """The plotly.js the fallback loads where no ``Plotly`` is on the page (a notebook front end, online): the
-    version the installed ``plotly`` package bundles."""
-    from plotly.offline import get_plotlyjs_version
+_library_shown = False  # whether this kernel has already put plotly.js into a notebook output
 
-    return f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+
+def library() -> str:
+    """plotly.js, inline, as one ``<script>`` marked with ``LIBRARY_MARK``: the copy the installed ``plotly``
+    package bundles, about 5 MB. It defines ``window.Plotly`` only where the page has none yet."""
+    from plotly.offline import get_plotlyjs
+
+    return f"<script {LIBRARY_MARK}>if (!window.Plotly) {{\n{get_plotlyjs()}\n}}</script>\n"
 
 
 def _slider(fig, steps: list[str], groups: list[list[int]], prefix: str, active: int = 0):
@@ -114,30 +121,32 @@ def t5_buckets(*, bucket_counts=(8, 16, 32, 64), max_distances=(32, 128, 512), l
                    active=bucket_counts.index(32) if 32 in bucket_counts else 0)
 
 
-def html(fig, name: str) -> str:
-    """The figure as a ``<div id=name>`` and a script that draws it with the page's ``Plotly`` (the built book's own
-    copy), or loads plotly.js from its CDN first where the page has none. Deterministic: the same figure gives
-    the same text (``name`` is the div's id)."""
+def html(fig, name: str, *, with_library: bool = False) -> str:
+    """The figure as a ``<div id=name>`` and a script that draws it with the page's ``Plotly``; with
+    ``with_library``, :func:`library` comes first. Where the page has no ``Plotly``, the div says so in one line
+    (no CDN is tried). Deterministic: the same figure gives the same text (``name`` is the div's id)."""
     import plotly.io as pio
 
     spec = json.loads(pio.to_json(fig, validate=True, pretty=False))
     payload = json.dumps({"data": spec["data"], "layout": spec["layout"]}, sort_keys=True)
-    return (f'<div id="{name}" class="posenc-explore" style="width:100%;min-height:460px"></div>\n'
+    return ((library() if with_library else "")
+            + f'<div id="{name}" class="posenc-explore" style="width:100%;min-height:460px"></div>\n'
             f'<script>(function () {{\n'
             f'  var spec = {payload};\n'
-            f'  function draw() {{ Plotly.newPlot("{name}", spec.data, spec.layout, {{responsive: true}}); }}\n'
-            f'  if (window.Plotly) {{ draw(); }} else {{\n'
-            f'    var s = document.createElement("script"); s.src = "{cdn()}"; s.onload = draw;\n'
-            f'    document.head.appendChild(s);\n'
-            f'  }}\n'
+            f'  if (window.Plotly) {{ Plotly.newPlot("{name}", spec.data, spec.layout, {{responsive: true}}); }}\n'
+            f'  else {{ document.getElementById("{name}").textContent = '
+            f'"plotly.js is not loaded: run this notebook\'s first interactive figure to draw this one."; }}\n'
             f'}})();</script>')
 
 
 def show(fig, name: str) -> None:
-    """Display ``fig`` in a notebook: plotly's own renderer on Colab, :func:`html` everywhere else."""
+    """Display ``fig`` in a notebook: plotly's own renderer on Colab, :func:`html` everywhere else. The first
+    figure shown in a kernel carries plotly.js (:func:`library`); the later ones use that copy."""
+    global _library_shown
     if "google.colab" in sys.modules:
         fig.show()
         return
     from IPython.display import HTML, display
 
-    display(HTML(html(fig, name)))
+    display(HTML(html(fig, name, with_library=not _library_shown)))
+    _library_shown = True

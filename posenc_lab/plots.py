@@ -1,8 +1,15 @@
 """The figures that the notebooks and ``report`` share, drawn with seaborn. Each function draws on a given ``Axes``.
 
-One theme (:func:`use_theme`) and one fixed colour per encoding and RoPE strategy (:func:`color`) in
-every figure of the book. Bands are one standard deviation over seeds (``errorbar="sd"``); with a
-single seed there is no band.
+One theme (:func:`use_theme`). Every line of these figures has a fixed style per encoding and RoPE
+strategy (:func:`style`): a distinct colour, solid lines for encodings and dashed lines for RoPE's
+strategies, and a marker, so that no two curves of one figure look alike. :func:`color` keeps the
+older tab20 colour of each name for the figures that ask for it. The headline figures
+(:func:`perplexity_vs_length`, :func:`growth`) draw the seeds' mean with a band from the lowest to
+the highest seed; the other figures draw a band of one standard deviation over seeds
+(``errorbar="sd"``). With a single seed there is no band.
+
+``python -m posenc_lab.plots RUN`` writes the headline figure of a committed run to
+``results/RUN/figures/ppl_vs_length.png`` (:func:`save_headline`).
 """
 
 from __future__ import annotations
@@ -45,6 +52,188 @@ def color(name: str):
 def palette(names) -> dict:
     """The fixed colour (:func:`color`) of each of ``names``, as a ``palette`` for seaborn."""
     return {name: color(name) for name in names}
+
+
+# distinct colours (no pale pair of one hue in the same figure): the article's five encodings and RoPE's strategies
+# first, so that the headline figures never share a colour; names past these cycle through the rest
+_DISTINCT = {
+    "rope/none": "#1f77b4", "alibi": "#2ca02c", "t5": "#d62728", "sinusoidal": "#ff7f0e", "nope": "#555555",
+    "rope/pi": "#9467bd", "rope/ntk": "#000000", "rope/dynamic-ntk": "#17becf", "rope/yarn": "#e377c2",
+    "rope/llama3": "#7f7f00", "xpos": "#8c564b", "kerple": "#bcbd22", "fire": "#393b79", "learned": "#aa3377",
+    "sinusoidal-small": "#ffbb78",
+}
+_SPARE = ("#66a61e", "#e6ab02", "#a6761d", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#666666")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "*", "<", ">", "p")
+_MARKER = {"nope": "v", "sinusoidal": "D", "learned": "P", "rope/none": "o", "xpos": "X", "alibi": "s", "t5": "^",
+           "kerple": "h", "fire": "*", "rope/pi": "<", "rope/ntk": ">", "rope/dynamic-ntk": "p", "rope/yarn": "d"}
+#: the order of names in legends: encodings (RoPE among them), then RoPE's strategies
+_LEGEND = ["nope", "sinusoidal", "learned", "rope/none", "xpos", "alibi", "t5", "kerple", "fire"]
+
+
+def style(name: str) -> dict:
+    """The fixed look of an encoding or ``rope/<strategy>`` in every line figure: ``color``, ``dashes`` (solid for an
+    encoding, dashed for a RoPE strategy other than ``none``, dotted for a fine-tuned one) and ``marker``."""
+    if name in _DISTINCT:
+        colour = _DISTINCT[name]
+    else:
+        index = _ORDER.index(name) if name in _ORDER else len(_ORDER)
+        colour = _SPARE[index % len(_SPARE)]
+    index = _ORDER.index(name) if name in _ORDER else len(_ORDER)
+    strategy = "/" in name and not name.endswith("/none")
+    dashes = (1.5, 1.5) if name.endswith("+ft") else (5, 2) if strategy else ""
+    return {"color": colour, "dashes": dashes, "marker": _MARKER.get(name, _MARKERS[index % len(_MARKERS)])}
+
+
+def _ordered(names) -> list[str]:
+    """Encodings first, then RoPE's strategies, each in the registry's order."""
+    names = list(dict.fromkeys(names))
+    rank = {n: i for i, n in enumerate(_LEGEND + [n for n in _ORDER if n not in _LEGEND])}
+    return sorted(names, key=lambda n: ("/" in n and n != "rope/none", rank.get(n, len(rank)), n))
+
+
+def _styled_lines(data, x, y, names, ax, *, errorbar, markersize=5, lw=1.6):
+    import seaborn as sns
+
+    looks = {n: style(n) for n in names}
+    sns.lineplot(data=data, x=x, y=y, hue="label", hue_order=names, style="label", style_order=names,
+                 palette={n: v["color"] for n, v in looks.items()}, dashes={n: v["dashes"] for n, v in looks.items()},
+                 markers={n: v["marker"] for n, v in looks.items()}, markersize=markersize, lw=lw,
+                 errorbar=errorbar, err_kws={"alpha": 0.15}, ax=ax)
+
+
+_MODE = {"nonoverlapping": "non-overlapping"}
+#: the seeds' range, lowest to highest seed (seaborn's percentile interval of width 100)
+SEED_RANGE = ("pi", 100)
+
+
+def growth_frame(rows, *, reference: int | None = None) -> pd.DataFrame:
+    """The results with ``growth = ppl(eval_len) / ppl(reference)`` per seed, mode and label (``reference``: the
+    training length). Rows that cannot extrapolate have NaN growth."""
+    df = frame(rows)
+    reference = reference or int(df["train_len"].iloc[0])
+    base = df[df.eval_len == reference].set_index(["eval_mode", "label", "seed"])["perplexity"]
+    keys = pd.MultiIndex.from_frame(df[["eval_mode", "label", "seed"]])
+    return df.assign(growth=df["perplexity"].to_numpy() / base.reindex(keys).to_numpy())
+
+
+def _headline_names(df, labels):
+    present = set(df.loc[df["perplexity"].notna(), "label"])
+    if labels is None:
+        labels = [n for n in present if "+ft" not in n]
+    return _ordered([n for n in labels if n in present])
+
+
+def perplexity_vs_length(rows, ax=None, *, mode: str = "sliding", labels=None, metric: str = "perplexity",
+                         judged_len: int | None = 2048, legend: bool = True):
+    """Perplexity against evaluation length, both axes logarithmic: a line per encoding and RoPE strategy (the
+    seeds' mean), a band from the lowest to the highest seed. ``metric="growth"`` draws ppl(L') / ppl(L) instead
+    (:func:`growth`). A dotted line marks the training length, a dashed one ``judged_len`` (where the claims are
+    judged). Returns the ``Axes``."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.gca()
+    df = growth_frame(rows) if metric == "growth" else frame(rows)
+    df = df[(df.eval_mode == mode) & df[metric].notna()]
+    if df.empty:
+        raise ValueError(f"no {metric} rows in {mode!r} windows")
+    names = _headline_names(df, labels)
+    df = df[df["label"].isin(names)]
+    train_len = int(df["train_len"].iloc[0])
+    _styled_lines(df, "eval_len", metric, names, ax, errorbar=SEED_RANGE)
+    ax.axvline(train_len, color="grey", lw=0.8, ls=":")
+    if judged_len and judged_len in set(df["eval_len"]) and judged_len != train_len:
+        ax.axvline(judged_len, color="black", lw=0.7, ls="--")
+    _length_axis(ax)
+    ax.set_xticks(sorted(df["eval_len"].unique()))
+    _log_values(ax)
+    ax.set_xlabel("evaluation length (bytes, log scale)")
+    seeds = df["seed"].nunique()
+    band = f"; band: {seeds} seeds' range" if seeds > 1 else ""
+    if metric == "growth":
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel(f"growth ppl(L') / ppl({train_len}), log scale")
+        ax.set_title(f"{_MODE.get(mode, mode)} windows{band}", fontsize=10)
+    else:
+        ax.set_ylabel(f"{metric} per byte, log scale")
+        ax.set_title(f"{_MODE.get(mode, mode)} windows, trained at {train_len}{band}", fontsize=10)
+    if legend:
+        ax.legend(title=None, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.get_legend().remove()
+    return ax
+
+
+def growth(rows, ax=None, *, mode: str = "sliding", labels=None, judged_len: int | None = 2048, legend: bool = True,
+           breaking: float | None = None):
+    """Growth ppl(L') / ppl(L) against evaluation length L', both axes logarithmic (1 = as good as at the training
+    length L), seeds' mean and range; ``breaking`` draws a horizontal line at that growth (e.g. ``report.BREAK``)."""
+    ax = perplexity_vs_length(rows, ax, mode=mode, labels=labels, metric="growth", judged_len=judged_len,
+                              legend=legend)
+    if breaking:
+        ax.axhline(breaking, color="grey", lw=0.8, ls="--")
+        ax.annotate(f"growth {breaking:.2f}", (ax.get_xlim()[0], breaking), xytext=(4, 3), textcoords="offset points",
+                    fontsize=7, color="dimgrey")
+    return ax
+
+
+def headline_figure(rows, *, metric: str = "perplexity", modes=("sliding", "nonoverlapping"), labels=None,
+                    breaking: float | None = None, width: float = 12.0):
+    """A panel per evaluation mode of :func:`perplexity_vs_length` (or of :func:`growth` for ``metric="growth"``),
+    sharing the y axis and one legend. Returns the ``Figure``."""
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in modes if m in set(frame(rows)["eval_mode"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=(width, 4.6), sharey=True, squeeze=False)
+    for i, (ax, mode) in enumerate(zip(axes[0], modes)):
+        last = i == len(modes) - 1
+        if metric == "growth":
+            growth(rows, ax, mode=mode, labels=labels, legend=last, breaking=breaking)
+        else:
+            perplexity_vs_length(rows, ax, mode=mode, labels=labels, legend=last)
+    fig.tight_layout()
+    return fig
+
+
+def save_headline(run: str, *, folder: Path | str | None = None, dpi: int = 120) -> list[Path]:
+    """The headline figures of a committed run (:func:`headline_figure`, both modes) as PNGs:
+    ``ppl_vs_length.png`` and ``growth.png`` under ``results/<run>/figures`` (or ``folder``), for the README and the
+    book's landing page. Returns the paths written."""
+    import matplotlib.pyplot as plt
+
+    from . import results
+    from .report import BREAK
+
+    rows, _, _ = results.load(run)
+    if folder is None:
+        where = results.folder(run)
+        if not isinstance(where, Path):
+            raise ValueError(f"{run!r} is read from the installed package; pass folder= to write its figures")
+        folder = where / "figures"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    use_theme()
+    written = []
+    for name, metric in (("ppl_vs_length.png", "perplexity"), ("growth.png", "growth")):
+        fig = headline_figure(rows, metric=metric, breaking=BREAK if metric == "growth" else None)
+        fig.suptitle(f"{run}: mean of the seeds, band from the lowest to the highest seed", fontsize=10, y=1.02)
+        fig.savefig(folder / name, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        written.append(folder / name)
+    return written
+
+
+def _log_values(ax):
+    """A log y axis labelled with round values (1, 1.5, 2, 3, 5, 7, 10, ...) instead of powers of ten."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    steps = (1, 1.5, 2, 3, 5, 7) if high / low < 30 else (1, 2, 3, 5)
+    ticks = [m * 10.0 ** e for e in range(-1, 4) for m in steps if low <= m * 10.0 ** e <= high]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _length_axis(ax, *, base: int = 2):
@@ -109,9 +298,11 @@ def per_position(units: list[dict], length: int, ax, *, strategies=("-", "none")
     import seaborn as sns
 
     df = per_position_frame(units, length, labels=labels, strategies=strategies, bins=bins)
-    names = [n for n in (labels or sorted(df["label"].unique())) if n in set(df["label"])]
-    sns.lineplot(data=df, x="position", y="loss", hue="label", hue_order=names, palette=palette(names),
-                 errorbar="sd", ax=ax)
+    names = _ordered([n for n in (labels or df["label"].unique()) if n in set(df["label"])])
+    looks = {n: style(n) for n in names}
+    sns.lineplot(data=df, x="position", y="loss", hue="label", hue_order=names, palette={n: v["color"] for n, v in looks.items()},
+                 style="label", style_order=names, dashes={n: v["dashes"] for n, v in looks.items()},
+                 errorbar="sd", err_kws={"alpha": 0.15}, ax=ax, lw=1.3)
     train_len = int(units[0]["rows"][0]["train_len"]) if units else None
     if train_len:
         ax.axvline(train_len, color="grey", lw=0.8, ls=":")
@@ -135,13 +326,15 @@ def training_frame(units: list[dict], *, every: int = 10) -> pd.DataFrame:
 
 
 def training_curves(units: list[dict], ax, *, labels=None, every: int = 10):
-    """Training loss against step for every encoding, band of one sd over seeds."""
+    """Training loss against step for every encoding (:func:`style`), band of one sd over seeds."""
     import seaborn as sns
 
     df = training_frame(units, every=every)
-    names = [n for n in (labels or sorted(df["label"].unique())) if n in set(df["label"])]
-    sns.lineplot(data=df, x="step", y="loss", hue="label", hue_order=names, palette=palette(names), errorbar="sd",
-                 ax=ax, lw=1)
+    names = _ordered([n for n in (labels or df["label"].unique()) if n in set(df["label"])])
+    looks = {n: style(n) for n in names}
+    sns.lineplot(data=df, x="step", y="loss", hue="label", hue_order=names, palette={n: v["color"] for n, v in looks.items()},
+                 style="label", style_order=names, dashes={n: v["dashes"] for n, v in looks.items()},
+                 errorbar="sd", err_kws={"alpha": 0.15}, ax=ax, lw=1.3)
     ax.set_xlabel("training step")
     ax.set_ylabel(f"training loss (nats, mean of {every} steps)")
     ax.legend(title=None, ncols=2)
@@ -149,24 +342,17 @@ def training_curves(units: list[dict], ax, *, labels=None, every: int = 10):
 
 
 def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
-    """``ppl_vs_length.png`` (a panel per mode), ``per_position.png`` (the longest length) and
-    ``training_loss.png`` in ``folder``."""
+    """``ppl_vs_length.png`` (the headline figure, :func:`headline_figure`: a panel per mode), ``per_position.png``
+    (the longest length) and ``training_loss.png`` in ``folder``."""
     import matplotlib.pyplot as plt
 
     use_theme()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     df = frame(rows)
-    modes = sorted(df["eval_mode"].unique())
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        ppl_vs_length(df, mode, ax)
-    for ax in axes[0][:-1]:
-        ax.get_legend().remove()
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
+    fig = headline_figure(df, modes=sorted(df["eval_mode"].unique(), reverse=True))
     written = [folder / "ppl_vs_length.png"]
-    fig.savefig(written[-1], dpi=120)
+    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
     longest = int(df["eval_len"].max())
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -187,27 +373,46 @@ def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
 
 def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
     """Two panels against training tokens seen: perplexity at the training length, and growth
-    ``ppl(factor x L) / ppl(L)`` (non-overlapping windows); band of one sd over seeds."""
-    import seaborn as sns
-
+    ``ppl(factor x L) / ppl(L)`` (non-overlapping windows) on a log axis (1 = no growth); band of one sd over seeds."""
     from .report import budget_frame, budget_growth
 
     df = budget_frame(checkpoints)
     train = int(df["train_len"].iloc[0])
     long = factor * train if factor else int(df["eval_len"].max())
     default = [n for n in _ORDER if n in set(df["label"]) and (not n.startswith("rope/") or n == "rope/none")]
-    names = [n for n in (labels or default) if n in set(df["label"])]
+    names = _ordered([n for n in (labels or default) if n in set(df["label"])])
     short = df[(df.eval_len == train) & df.label.isin(names)].assign(tokens=lambda d: d.tokens_seen / 1e6)
-    sns.lineplot(data=short, x="tokens", y="perplexity", hue="label", hue_order=names, palette=palette(names),
-                 errorbar="sd", marker="o", ax=axes[0], lw=1)
+    _styled_lines(short, "tokens", "perplexity", names, axes[0], errorbar="sd", markersize=4, lw=1.2)
     axes[0].set_ylabel(f"perplexity at {train} (training length)")
-    growth = budget_growth(df, long)
-    growth = growth[growth.label.isin(names)].assign(tokens=lambda d: d.tokens_seen / 1e6)
-    sns.lineplot(data=growth, x="tokens", y="growth", hue="label", hue_order=names, palette=palette(names),
-                 errorbar="sd", marker="o", ax=axes[1], lw=1)
-    axes[1].set_ylabel(f"growth ppl({long}) / ppl({train})")
+    grown = budget_growth(df, long)
+    grown = grown[grown.label.isin(names)].assign(tokens=lambda d: d.tokens_seen / 1e6)
+    _styled_lines(grown, "tokens", "growth", names, axes[1], errorbar="sd", markersize=4, lw=1.2)
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    _log_values(axes[1])
+    axes[1].set_ylabel(f"growth ppl({long}) / ppl({train}), log scale")
     for ax in axes:
         ax.set_xlabel("training tokens seen (millions)")
     axes[0].get_legend().remove()
     axes[1].legend(title=None, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return axes
+
+
+def main(argv=None) -> int:
+    """``python -m posenc_lab.plots RUN [--folder DIR]``: the headline figures of a committed run
+    (:func:`save_headline`)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posenc_lab.plots", description=main.__doc__)
+    parser.add_argument("run", help="a committed run, e.g. article-long")
+    parser.add_argument("--folder", default=None, help="where to write (default: results/RUN/figures)")
+    args = parser.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for path in save_headline(args.run, folder=args.folder):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

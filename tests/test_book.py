@@ -14,6 +14,8 @@ import jupytext
 import pytest
 import yaml
 
+from posenc_lab import explore
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.md"))
 CHAPTERS = [p.stem for p in NOTEBOOKS]
@@ -78,7 +80,7 @@ def colab_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # no network: the install cell is pointed at this checkout instead of the repository URL, and pip may not
     # reach an index (the build uses the environment's setuptools instead of downloading one)
-    env.update(POSENC_LAB_SOURCE=str(clean_source(tmp_path / "source")), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+    env.update(POSENC_LAB_SOURCE=clean_source(tmp_path / "source").as_uri(), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
                PIP_DISABLE_PIP_VERSION_CHECK="1", TQDM_DISABLE="1", HOME=str(tmp_path))
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, as on Colab: figures are outputs nbval compares
     return env
@@ -120,7 +122,7 @@ def test_colab_like_environment_installs_the_package(colab):
     result = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "device cpu posenc_lab 0.1.0" in result.stdout and str(root / "venv") in result.stdout
-    assert "site-packages/posenc_lab/committed/cpu" in result.stdout  # the committed results came with the package
+    assert "site-packages/posenc_lab_results/cpu" in result.stdout  # the committed results came with their package
 
 
 @pytest.mark.slow
@@ -140,6 +142,24 @@ def test_chapter_runs_alone_as_colab_opens_it(md, colab, tmp_path):
                             capture_output=True, text=True, cwd=alone, env=env, timeout=1800)
     missing = sorted(set(re.findall(r"(?:FileNotFoundError|No such file or directory)[^\n]*", result.stdout)))
     assert result.returncode == 0, f"{md.stem} does not run alone: " + ("; ".join(missing) or result.stdout[-3000:])
+
+
+@pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
+def test_explorable_figures_draw_in_the_notebook_offline(md):
+    """A chapter with plotly figures carries plotly.js once, in its first figure's output, and loads nothing from a
+    CDN: the saved notebook, opened offline, draws every figure in it."""
+    calls = md.read_text().count("explore.show(")
+    if not calls:
+        return
+    outputs = [o.get("data", {}).get("text/html", "") for c in jupytext.read(md.with_suffix(".ipynb")).cells
+               if c.cell_type == "code" for o in c.get("outputs", [])]
+    outputs = ["".join(o) if isinstance(o, list) else o for o in outputs]
+    figures = [o for o in outputs if 'class="posenc-explore"' in o]
+    assert len(figures) == calls, f"{md.name}: {len(figures)} plotly outputs for {calls} figures"
+    assert [explore.LIBRARY_MARK in o for o in figures] == [True] + [False] * (calls - 1), \
+        f"{md.name}: plotly.js is not in the first figure's output alone (re-execute the chapter)"
+    scripts = [o.replace(explore.library(), "") for o in figures]  # plotly.js itself names URLs it never loads here
+    assert not [o for o in scripts if "cdn.plot.ly" in o or "<script src" in o], f"{md.name}: a figure loads a CDN"
 
 
 class PageScan(HTMLParser):
@@ -183,12 +203,19 @@ def chromium() -> str:
     return browser
 
 
+# The browser has no network: every host name fails to resolve and every request goes to a proxy that is not
+# there. A page that loads anything from a CDN (MathJax, plotly.js) then shows it missing, as a reader offline
+# would see it; the book must work from its own files.
+NO_NETWORK = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost", "--proxy-server=127.0.0.1:9",
+              "--proxy-bypass-list=<-loopback>"]
+
+
 def dump_dom(browser: str, page: Path, profile: Path, *, window: str | None = None) -> str:
-    """The DOM of ``page`` after its scripts ran (MathJax, plotly), from a fresh headless profile."""
+    """The DOM of ``page`` after its scripts ran (MathJax, plotly), from a fresh headless profile, offline."""
     size = [f"--window-size={window}"] if window else []
     return subprocess.run(
         [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", *NO_NETWORK,
          f"--user-data-dir={profile}", *size, "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=180).stdout
 
@@ -238,6 +265,12 @@ def dump_doms(browser: str, jobs: list[tuple[Path, Path, str | None]]) -> list[s
         return list(pool.map(lambda job: dump_dom(browser, job[0], job[1], window=job[2]), jobs))
 
 
+def explorable_drawn(dom: str) -> int:
+    """How many of the DOM's explorable figures plotly drew: its ``<div>`` holds plotly's svg and the slider."""
+    figures = re.split(r'<div id="[^"]*" class="posenc-explore', dom)[1:]
+    return sum('class="main-svg"' in f and 'class="slider-container"' in f for f in figures)
+
+
 @pytest.fixture(scope="module")
 def chapter_doms(built_book):
     """Each chapter's DOM after its scripts ran, opened once at 1300 x 1800 with the width probe added (a copy of
@@ -278,9 +311,32 @@ def test_book_pages_in_a_real_browser(built_book, chapter_doms):
         if "plt.show()" in source:
             assert figures, f"{stem}: draws figures but none is on the page"
         explorable = source.count("explore.show(")  # plotly figures, drawn by the book's own plotly.js (offline)
+        assert explore.LIBRARY_MARK not in page.read_text(), f"{stem}: the notebook's inline plotly.js is on the page"
         if explorable:
             assert dom.count('class="posenc-explore') == explorable, f"{stem}: an explorable figure is missing"
-            assert dom.count('class="slider-container"') >= explorable, f"{stem}: a slider was not drawn (no Plotly?)"
+            assert explorable_drawn(dom) == explorable, f"{stem}: an explorable figure was not drawn offline"
+
+
+@pytest.mark.slow
+def test_notebook_plotly_outputs_draw_offline_in_a_browser(tmp_path):
+    """A chapter's committed plotly outputs, alone on a page in the order a notebook front end shows them, drawn
+    by a browser without network: the first one's plotly.js must draw them all (no book, no CDN)."""
+    browser = chromium()
+    jobs, expected = [], {}
+    for md in NOTEBOOKS:
+        outputs = [o.get("data", {}).get("text/html", "") for c in jupytext.read(md.with_suffix(".ipynb")).cells
+                   if c.cell_type == "code" for o in c.get("outputs", [])]
+        figures = ["".join(o) if isinstance(o, list) else o for o in outputs]
+        figures = [o for o in figures if 'class="posenc-explore"' in o]
+        if figures:
+            page = tmp_path / f"{md.stem}.html"
+            page.write_text('<!doctype html><html><head><meta charset="utf-8"></head><body>'
+                            + "\n".join(f'<div class="output">{o}</div>' for o in figures) + "</body></html>")
+            jobs.append((page, tmp_path / f"chrome-{md.stem}", None))
+            expected[md.stem] = len(figures)
+    assert expected, "no chapter has an explorable figure"
+    for (stem, count), dom in zip(expected.items(), dump_doms(browser, jobs)):
+        assert explorable_drawn(dom) == count, f"{stem}: its saved plotly outputs do not draw offline"
 
 
 @pytest.mark.slow

@@ -46,13 +46,27 @@ def test_html_is_deterministic_and_draws_with_the_pages_plotly():
     fig = explore.alibi_windows(head_counts=(2, 4))
     a, b = explore.html(fig, "fig-a"), explore.html(explore.alibi_windows(head_counts=(2, 4)), "fig-a")
     assert a == b and '<div id="fig-a"' in a and 'Plotly.newPlot("fig-a"' in a
-    assert "if (window.Plotly) { draw(); }" in a  # the CDN only where the page has no Plotly
+    assert "if (window.Plotly)" in a and "http" not in a  # no CDN: without a Plotly, the div says so
+    assert explore.LIBRARY_MARK not in a
     spec = json.loads(a.split("var spec = ", 1)[1].split(";\n", 1)[0])
     assert len(spec["data"]) == 2 and spec["layout"]["sliders"][0]["steps"][1]["label"] == "4"
 
 
-def test_show_displays_html_outside_colab(monkeypatch):
+def test_library_is_the_installed_plotly_js_inline():
+    from plotly.offline import get_plotlyjs
+
+    lib = explore.library()
+    assert lib.startswith(f"<script {explore.LIBRARY_MARK}>if (!window.Plotly) {{") and get_plotlyjs() in lib
+    assert lib.count("</script>") == 1 and "<script src" not in lib  # one script, nothing fetched
+    fig = explore.alibi_windows(head_counts=(2,))
+    assert explore.html(fig, "f", with_library=True) == lib + explore.html(fig, "f")
+
+
+def test_show_embeds_plotly_js_in_the_first_figure_of_a_kernel_only(monkeypatch):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    monkeypatch.setattr(explore, "_library_shown", False)  # a fresh kernel
     explore.show(explore.alibi_windows(head_counts=(2,)), "fig-b")
-    assert len(shown) == 1 and '<div id="fig-b"' in shown[0].data
+    explore.show(explore.alibi_windows(head_counts=(4,)), "fig-c")
+    assert len(shown) == 2 and '<div id="fig-b"' in shown[0].data and '<div id="fig-c"' in shown[1].data
+    assert [explore.LIBRARY_MARK in s.data for s in shown] == [True, False]
