@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
+.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -133,6 +133,33 @@ results-long: env
 	$(PY) -m posenc_lab run --preset article-long --out runs/article-long
 	$(call commit_run,article-long,documents.csv checkpoints.csv figures)
 	$(call export_seed0,article-long)
+
+# the headline recipe: article-long's model and tokens in batches of 4 for 5,600 steps. On two CPU cores about 20
+# minutes a unit (5 hours); on a GPU the units run side by side: JOBS=15 took under 5 minutes on one H200
+JOBS ?= 1
+RUN_FLAGS ?=
+results-long-b4: env
+	$(PY) -m posenc_lab run --preset article-long-b4 --jobs $(JOBS) $(RUN_FLAGS) --out runs/article-long-b4
+	$(call commit_run,article-long-b4,documents.csv checkpoints.csv)
+	$(call export_seed0,article-long-b4)
+
+# English prose for the same recipes, offline: two public-domain Debian packages (Jane Austen's novels in
+# r-cran-janeaustenr, the World English Bible in sword-text-web), unpacked into .corpus/prose without installing R
+PROSE := .corpus/prose
+corpus-prose: $(PROSE)/engWEB2015eb/ot.bzz
+$(PROSE)/engWEB2015eb/ot.bzz:
+	rm -rf .corpus/debs && mkdir -p .corpus/debs $(PROSE)/janeaustenr $(PROSE)/engWEB2015eb
+	cd .corpus/debs && apt-get download r-cran-janeaustenr sword-text-web
+	for deb in .corpus/debs/*.deb; do dpkg -x $$deb .corpus/debs/root; done
+	cp .corpus/debs/root/usr/lib/R/site-library/janeaustenr/data/Rdata.rd? $(PROSE)/janeaustenr/
+	cp .corpus/debs/root/usr/share/sword/modules/texts/ztext/engWEB2015eb/* $(PROSE)/engWEB2015eb/
+	rm -rf .corpus/debs
+
+# both recipes on the prose (6 hours on two CPU cores; JOBS=15 on a GPU); then the article-long-b4-style tables
+results-prose: env corpus-prose
+	for run in prose-long-b4 prose-long; do \
+	  $(PY) -m posenc_lab run --preset $$run --corpus prose:$(PROSE) --jobs $(JOBS) $(RUN_FLAGS) --out runs/$$run && \
+	  $(call commit_run,$$run,documents.csv checkpoints.csv) && $(call export_seed0,$$run) || exit 1; done
 
 # the committed CPU benchmarks (about 15 minutes on two cores, nothing else running); the peer
 # comparison installs x-transformers, a benchmark-only dependency

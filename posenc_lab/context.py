@@ -328,7 +328,7 @@ class ContextSpec:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     trials: int = 20  # passkey windows per (length, depth) cell and seed
     eval_batch_size: int = 4
-    sink_encodings: tuple[str, ...] = ("nope", "rope", "alibi")  # streamed through a rolling cache (issue 25)
+    sink_encodings: tuple[str, ...] = ("nope", "rope", "alibi")  # streamed through a rolling cache
     sink_counts: tuple[int, ...] = (0, 4)  # ... without and with attention sinks
     stream_blocks: int = 2  # ... over the first this many blocks, each one stream of block_tokens + 1 bytes
     notes: str = ""

@@ -70,7 +70,7 @@ class Spec:
     stride: int = 128  # sliding stride at every length (min(stride, length)), unless `sliding` names the lengths
     sliding: tuple[tuple[int, int], ...] = ()  # (length, stride) pairs evaluated in sliding mode; () = every length
     eval_batch_size: int = 4
-    curve_points: int = 0  # checkpoint evaluations along training (issue 20): this many, evenly spaced in steps
+    curve_points: int = 0  # checkpoint evaluations along training: this many, evenly spaced in steps
     curve_factors: tuple[int, ...] = (1, 4)  # ... at these multiples of train_len, non-overlapping
     curve_tokens: int = 32768  # ... on this many bytes of the evaluation text: 8 blocks spread evenly over it
     finetune: tuple[str, ...] = ()  # RoPE strategies to fine-tune briefly at finetune_len
@@ -213,7 +213,7 @@ PRESETS["prose-long-b4"] = replace(PRESETS["article-long-b4"], preset="prose-lon
                                    notes="article-long-b4's recipe on English prose (--corpus)")
 
 
-# issue 19: the sinusoids at the old amplitude, one seed, with article-cpu's recipe and evaluation (its
+# the sinusoids at the small amplitude, one seed, with article-cpu's recipe and evaluation (its
 # sinusoidal seed 0 sees the same batches and the same bytes, so the two units compare directly)
 PRESETS["amplitude-cpu"] = replace(
     PRESETS["article-cpu"], preset="amplitude-cpu", encodings=("sinusoidal-small",), seeds=(0,), other_seeds=(0,),
@@ -222,7 +222,7 @@ PRESETS["amplitude-cpu"] = replace(
           "and evaluation, seed 0 only: compare it with article-cpu's sinusoidal seed 0; about 6 minutes")
 
 
-# issue 25: what today's models run, trained with article-cpu's recipe and evaluation (plain RoPE and ALiBi are
+# what today's models run, trained with article-cpu's recipe and evaluation (plain RoPE and ALiBi are
 # article-cpu's own units: same batches, same bytes), three seeds each. Plain RoPE is trained again here so that
 # Llama 3's scaling (inference only) is evaluated on every seed: article-cpu keeps the weights of seed 0 only.
 # Its rows also check that a run reproduces: same seed, same batches, same bytes as article-cpu's RoPE.

@@ -39,6 +39,12 @@ RUNS = {
     "article-cpu": "make results-article: the article's lengths (trained at 512, judged at 2048), three seeds",
     "article-long": "make results-long: the article's five encodings with article-cpu's model and recipe and four "
                     "times its training tokens, three seeds",
+    "article-long-b4": "make results-long-b4: article-long's model, tokens and evaluation in batches of 4 for 5,600 "
+                       "steps (twice the optimiser steps), three seeds; the better-trained of the two recipes",
+    "prose-long-b4": "make results-prose: article-long-b4's recipe on English prose (Jane Austen's novels and the "
+                     "World English Bible), three seeds",
+    "prose-long": "make results-prose: article-long's recipe (batch 8, 2,800 steps) on the same English prose, three "
+                  "seeds",
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",
     "retrieval-digits-cpu": "make results-tasks: five digits copied in order (one shared alphabet), 1x to 8x the "
                             "training length, the article's five encodings, three seeds",
@@ -51,7 +57,7 @@ RUNS = {
                     "500,000, a NoPE layer, randomized RoPE and learned positions, and plain RoPE (with Llama 3's "
                     "scaling) with article-cpu's recipe, three seeds",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
-                   "past 512 bytes, a passkey in Python (made before the choice among digits was recorded), streams "
+                   "past 512 bytes, a passkey in Python (which digit was chosen is not recorded), streams "
                    "with and without attention sinks",
     "context-long": "make results-context-long: context-cpu's measurements on article-long's models (the article's "
                     "five encodings, four times the training tokens), every seed, no retraining",
@@ -214,12 +220,11 @@ def spec_of(config: dict):
 def _trained_as(encoding: str, config: dict) -> str:
     """The registered encoding that reproduces what a run trained under the name ``encoding``.
 
-    Language-model runs made before the evaluation text was recorded in ``config.json`` (before issue
-    19) trained ``sinusoidal`` with the table at RMS 0.02 and unscaled tokens, which is today's
-    ``sinusoidal-small``; loading their weights into today's ``sinusoidal`` would pair them with an
-    amplitude they never saw. Retrieval runs (a ``task`` in their config) record no evaluation text,
-    so nothing in their config dates them: they keep their name (every committed retrieval run with
-    weights is later than issue 19; a retrieval run folder older than that would need
+    A language-model run whose ``config.json`` records no evaluation text trained ``sinusoidal`` with the
+    table at RMS 0.02 and unscaled tokens, which is ``sinusoidal-small``; loading its weights into
+    ``sinusoidal`` would pair them with an amplitude they never saw. Retrieval runs (a ``task`` in their
+    config) record no evaluation text, so nothing in their config tells the two apart: they keep their name
+    (every committed retrieval run with weights trained today's ``sinusoidal``; an older retrieval folder needs
     ``sinusoidal-small`` by hand)."""
     if encoding == "sinusoidal" and "evaluation_text" not in config and "task" not in config:
         return "sinusoidal-small"

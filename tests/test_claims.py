@@ -6,7 +6,11 @@ import zlib
 import numpy as np
 import pytest
 
+from pathlib import Path
+
 from posenc_lab import claims, report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LENGTHS = (128, 256, 512)
 
@@ -140,3 +144,44 @@ def test_comparison_table_prints_the_bootstrap_beside_the_t_test():
     assert {"p holm", "agree"} <= set(table.columns)
     text = claims.claims_text(rows, "nonoverlapping", judged_len=512)
     assert text.startswith("decision rule: Seeds are the samples") and "ratio" in text and "p = " in text
+
+
+def test_side_by_side_recipes_agree_with_each_run_and_an_independent_t_test():
+    """The recipes' side-by-side table holds each committed run's own decided verdicts, rests each on one of the
+    claim's comparisons, and its numbers are scipy's paired t-test on the log perplexities."""
+    import numpy as np
+    from scipy import stats as scipy_stats
+
+    from posenc_lab import report
+
+    runs = {name: report.load(ROOT / "results" / name)[0] for name in ("article-long", "article-long-b4")}
+    side = claims.side_by_side(runs)
+    for name, rows in runs.items():
+        assert side[(name, "verdict")].to_dict() == claims.decided(rows)
+    assert list(side[("all runs", "same verdict")]) == [
+        side.loc[c, ("article-long", "verdict")] == side.loc[c, ("article-long-b4", "verdict")] for c in side.index]
+    # T5's growth to 2,048 against plain RoPE's (sliding), independently: a paired t-test on the log growths
+    df = report.frame(runs["article-long-b4"])
+    sliding = df[df.eval_mode == "sliding"]
+
+    def log_growth(label):
+        ppl = {n: sliding[(sliding.label == label) & (sliding.eval_len == n)].sort_values("seed").perplexity.to_numpy()
+               for n in (512, 2048)}
+        return np.log(ppl[2048] / ppl[512])
+
+    t5, rope = log_growth("t5"), log_growth("rope/none")
+    expected = scipy_stats.ttest_rel(t5, rope)
+    text = side.loc["3: worse than RoPE", ("article-long-b4", "rests on")]
+    assert text.startswith(f"t5 / rope/none = ratio {np.exp((t5 - rope).mean()):.3f}") and "(sliding)" in text
+    assert f"p = {expected.pvalue:.3g}" in text
+
+
+def test_deciding_prefers_a_comparison_resolved_against_the_claim():
+    from posenc_lab.stats import compare_design
+
+    quiet = compare_design(np.array([1.0, 1.02, 0.99]), np.array([1.0, 1.01, 1.0]))
+    against = compare_design(np.array([2.0, 2.1, 2.05]), np.array([1.0, 1.02, 1.01]))
+    a = claims.Quantity("level", "a", 512)
+    tests = [(claims.Test(a, a, "<"), quiet), (claims.Test(a, a, "<"), against)]
+    assert claims.deciding(tests)[1] is against
+    assert claims.deciding(tests[:1])[1] is quiet
