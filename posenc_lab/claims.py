@@ -332,38 +332,3 @@ __all__ = ["BREAK", "FLOOR", "RULE", "Quantity", "Test", "claim_1b_readings", "c
            "claim_specs", "claims", "claims_text", "comparison_table", "decided", "document_losses", "run_test",
            "values"]
 
-
-def deciding(pairs: list) -> tuple:
-    """The comparison a verdict rests on: of ``(Test, Comparison)`` pairs, the strongest one resolved against the
-    claim (a ``fails`` rests on it), else the one with the largest p (the weakest link of a claim that needs every
-    comparison)."""
-    against = [(t, c) for t, c in pairs if c.matters and c.sign not in ("~", t.want)]
-    if against:
-        return min(against, key=lambda tc: tc[1].p)
-    return max(pairs, key=lambda tc: (-1 if math.isnan(tc[1].p) else tc[1].p))
-
-
-def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
-                 alpha: float = ALPHA) -> pd.DataFrame:
-    """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict
-    decided from both modes (:func:`decided`) and the comparison it rests on (:func:`deciding`, over both modes'
-    comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then ``same verdict`` across the runs."""
-    table = {}
-    for name, rows in runs.items():
-        table[(name, "verdict")] = decided(rows, modes=modes, judged_len=judged_len, alpha=alpha)
-        pooled: dict[str, list] = {}
-        for mode in modes:
-            for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
-                for part, pairs in c["comparisons"].items():
-                    pooled.setdefault(f"{c['id']}: {part}", []).extend((t, cmp, mode) for t, cmp in pairs)
-        effects = {}
-        for claim, triples in pooled.items():
-            t, cmp = deciding([(t, c) for t, c, _ in triples])
-            mode = next(m for tt, c, m in triples if c is cmp)
-            against = t.b.label if isinstance(t.b, Quantity) else f"{t.b:g}"
-            effects[claim] = f"{t.a.label} / {against} = {cmp.reading()} ({mode})"
-        table[(name, "rests on")] = effects
-    side = pd.DataFrame(table)
-    side.columns = pd.MultiIndex.from_tuples(side.columns)
-    side[("all runs", "same verdict")] = side.xs("verdict", axis=1, level=1).nunique(axis=1) == 1
-    return side

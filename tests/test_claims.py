@@ -8,7 +8,7 @@ import pytest
 
 from pathlib import Path
 
-from posenc_lab import claims, report
+from posenc_lab import claims, findings, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_side_by_side_recipes_agree_with_each_run_and_an_independent_t_test():
     from posenc_lab import report
 
     runs = {name: report.load(ROOT / "results" / name)[0] for name in ("article-long", "article-long-b4")}
-    side = claims.side_by_side(runs)
+    side = findings.side_by_side(runs)
     for name, rows in runs.items():
         assert side[(name, "verdict")].to_dict() == claims.decided(rows)
     assert list(side[("all runs", "same verdict")]) == [
@@ -183,5 +183,28 @@ def test_deciding_prefers_a_comparison_resolved_against_the_claim():
     against = compare_design(np.array([2.0, 2.1, 2.05]), np.array([1.0, 1.02, 1.01]))
     a = claims.Quantity("level", "a", 512)
     tests = [(claims.Test(a, a, "<"), quiet), (claims.Test(a, a, "<"), against)]
-    assert claims.deciding(tests)[1] is against
-    assert claims.deciding(tests[:1])[1] is quiet
+    assert findings.deciding(tests)[1] is against
+    assert findings.deciding(tests[:1])[1] is quiet
+
+
+def test_findings_say_each_decided_verdict_with_the_comparison_it_rests_on():
+    rows = report.load(ROOT / "results" / "article-long")[0]
+    found = findings.findings(rows)
+    assert [f["verdict"] for f in found] == list(claims.decided(rows).values())
+    side = findings.side_by_side({"run": rows})
+    for f in found:
+        rests_on = side.loc[f["part"], ("run", "rests on")]
+        assert f"p = {f['p']:.3g}" in rests_on and f["mode"] in rests_on
+    text = findings.findings_markdown(rows)
+    assert text.count("\n") == len(found) - 1 and "**Holds.**" in text
+    assert findings.verdict_in_words("not resolved (the means point to fails)") == "Not resolved (the means lean against it)"
+
+
+def test_effect_in_words_reads_a_level_and_a_line():
+    from posenc_lab.stats import compare_design
+
+    c = compare_design(np.array([2.0, 2.02, 1.98]), np.array([2.2, 2.21, 2.19]))
+    level = claims.Test(claims.Quantity("level", "alibi", 512), claims.Quantity("level", "rope/none", 512), "<")
+    assert findings.effect_in_words(level, c, 512).startswith(f"ALiBi's perplexity at 512 is {c.ratio:.2f} times RoPE's")
+    line = claims.Test(claims.Quantity("growth", "t5", 1024), 1.1, "<")
+    assert f"grows {c.ratio * 1.1:.3f} times from 512 to 1,024" in findings.effect_in_words(line, c, 512)

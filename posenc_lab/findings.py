@@ -1,0 +1,127 @@
+"""The claims' verdicts for a reader: several runs side by side, and each claim in words with the comparison it
+rests on (the README's and chapter 10's first screen)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .claims import Quantity, Test, claims, decided
+from .stats import ALPHA, Comparison, frame
+
+
+
+def deciding(pairs: list) -> tuple:
+    """The comparison a verdict rests on: of ``(Test, Comparison)`` pairs, the strongest one resolved against the
+    claim (a ``fails`` rests on it), else the one with the largest p (the weakest link of a claim that needs every
+    comparison)."""
+    against = [(t, c) for t, c in pairs if c.matters and c.sign not in ("~", t.want)]
+    if against:
+        return min(against, key=lambda tc: tc[1].p)
+    return max(pairs, key=lambda tc: (-1 if math.isnan(tc[1].p) else tc[1].p))
+
+
+def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
+                 alpha: float = ALPHA) -> pd.DataFrame:
+    """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict
+    decided from both modes (:func:`decided`) and the comparison it rests on (:func:`deciding`, over both modes'
+    comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then ``same verdict`` across the runs."""
+    table = {}
+    for name, rows in runs.items():
+        table[(name, "verdict")] = decided(rows, modes=modes, judged_len=judged_len, alpha=alpha)
+        pooled: dict[str, list] = {}
+        for mode in modes:
+            for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
+                for part, pairs in c["comparisons"].items():
+                    pooled.setdefault(f"{c['id']}: {part}", []).extend((t, cmp, mode) for t, cmp in pairs)
+        effects = {}
+        for claim, triples in pooled.items():
+            t, cmp = deciding([(t, c) for t, c, _ in triples])
+            mode = next(m for tt, c, m in triples if c is cmp)
+            against = t.b.label if isinstance(t.b, Quantity) else f"{t.b:g}"
+            effects[claim] = f"{t.a.label} / {against} = {cmp.reading()} ({mode})"
+        table[(name, "rests on")] = effects
+    side = pd.DataFrame(table)
+    side.columns = pd.MultiIndex.from_tuples(side.columns)
+    side[("all runs", "same verdict")] = side.xs("verdict", axis=1, level=1).nunique(axis=1) == 1
+    return side
+
+
+#: each claim part as its source states it, in words
+STATEMENTS = {
+    "1: a (worse at training length)": "ALiBi is slightly worse than RoPE at the training length (the article).",
+    "1: b (most stable)": "ALiBi is the most stable encoding past the training length (the article).",
+    "2: ntk most accurate": "RoPE with NTK-aware scaling is the most accurate past the training length (the article).",
+    "2: dynamic-ntk most accurate": "RoPE with dynamic NTK is the most accurate past the training length (the article).",
+    "2: yarn most accurate (ours)": "RoPE with YaRN is the most accurate past the training length (our question).",
+    "3: worse than RoPE": "T5's bias extrapolates clearly worse than RoPE (the article).",
+    "3: worse than ALiBi": "T5's bias extrapolates clearly worse than ALiBi (the article).",
+    "ordering: sinusoidal breaks first": "The sinusoids break first (the ALiBi paper).",
+    "ordering: then rotary": "RoPE breaks after the sinusoids (the ALiBi paper).",
+    "ordering: T5 holds to 2x": "T5 holds to about twice the training length (the ALiBi paper).",
+    "ordering: ALiBi stays flat": "ALiBi stays flat (the ALiBi paper).",
+}
+NAMES = {"nope": "NoPE", "sinusoidal": "the sinusoids", "learned": "the learned table", "rope/none": "RoPE",
+         "rope/pi": "RoPE with PI", "rope/ntk": "RoPE with NTK", "rope/dynamic-ntk": "RoPE with dynamic NTK",
+         "rope/yarn": "RoPE with YaRN", "alibi": "ALiBi", "t5": "T5", "xpos": "xPos", "kerple": "KERPLE",
+         "fire": "FIRE"}
+
+
+def _name(label: str) -> str:
+    return NAMES.get(label, label)
+
+
+def _of(label: str) -> str:
+    name = _name(label)
+    return name + ("'" if name.endswith("s") else "'s")
+
+
+def effect_in_words(test: Test, cmp: Comparison, train: int) -> str:
+    """One comparison as a reader says it: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``."""
+    low, high = cmp.interval
+    a = test.a
+    if not isinstance(test.b, Quantity):  # a one-sample test of a growth against a line
+        b = float(test.b)
+        return (f"{_of(a.label)} perplexity grows {cmp.ratio * b:.3f} times from {train} to {a.length:,} "
+                f"[{low * b:.3f}, {high * b:.3f}] (the line is {b:g})")
+    what = {"level": f"perplexity at {a.length:,}", "growth": f"growth to {a.length:,}",
+            "flatness": f"|log growth| to {a.length:,}"}[a.kind]
+    return f"{_of(a.label)} {what} is {cmp.ratio:.2f} times {_of(test.b.label)} [{low:.2f}, {high:.2f}]"
+
+
+def findings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict]:
+    """Each claim part for a reader: ``claim`` (as its source states it), ``verdict`` (decided from both modes),
+    ``effect`` (the comparison it rests on, in words), ``p`` and ``mode``."""
+    train = int(frame(rows)["train_len"].iloc[0])
+    side = side_by_side({"run": rows}, judged_len=judged_len, alpha=alpha)
+    out = []
+    for part in side.index:
+        pooled = [(t, c, mode) for mode in ("sliding", "nonoverlapping")
+                  for cl in claims(rows, mode, judged_len=judged_len, alpha=alpha)
+                  for p_, pairs in cl["comparisons"].items() if f"{cl['id']}: {p_}" == part for t, c in pairs]
+        t, cmp = deciding([(t, c) for t, c, _ in pooled])
+        mode = next(m for _, c, m in pooled if c is cmp)
+        out.append({"part": part, "claim": STATEMENTS.get(part, part), "verdict": side.loc[part, ("run", "verdict")],
+                    "effect": effect_in_words(t, cmp, train), "p": cmp.p, "mode": mode})
+    return out
+
+
+def verdict_in_words(verdict: str) -> str:
+    """``holds`` -> ``Holds``; ``fails`` -> ``Does not hold``; ``not resolved (the means point to fails)`` ->
+    ``Not resolved (the means lean against it)``."""
+    if verdict.startswith("not resolved"):
+        lean = " (the means lean against it)" if "fails" in verdict else " (the means lean towards it)" \
+            if "holds" in verdict else ""
+        return "Not resolved" + lean
+    return {"holds": "Holds", "fails": "Does not hold"}.get(verdict, verdict[0].upper() + verdict[1:])
+
+
+def findings_markdown(rows, *, judged_len: int = 2048) -> str:
+    """:func:`findings` as a Markdown list, one line a claim part (the README's and chapter 10's first screen)."""
+    lines = []
+    for f in findings(rows, judged_len=judged_len):
+        effect = f["effect"][0].upper() + f["effect"][1:]
+        lines.append(f"- {f['claim']} **{verdict_in_words(f['verdict'])}.** {effect}, p = {f['p']:.2g} "
+                     f"({f['mode'].replace('nonoverlapping', 'non-overlapping')} windows).")
+    return "\n".join(lines)
