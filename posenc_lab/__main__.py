@@ -388,7 +388,7 @@ def _command(args, experiment, report) -> int:
         return 0
     overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                  if f.name not in ("preset", "notes")}
-    spec = experiment.preset(args.preset, **_asked(args, experiment.PRESETS[args.preset], overrides))
+    spec = experiment.preset(args.preset, **_asked(args, experiment.preset(args.preset), overrides))
     out = args.out or f"runs/{args.preset}"
     if args.extend:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)

@@ -360,8 +360,9 @@ def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> C
     """The encoding's bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``.
 
     When the positions are ``0 .. n-1`` the indices are the positions; otherwise the positions are
-    looked up (``q_pos[q_idx]``, ``k_pos[kv_idx]``). Distance-only biases become a lookup in a small
-    per-distance table. Every gathered index is clamped: a ``score_mod`` is evaluated on masked-out
+    looked up (``q_pos[q_idx]``, ``k_pos[kv_idx]``). An encoding's own :meth:`~posenc_lab.encodings.Encoding.score_mod`
+    comes first (ALiBi's slopes, FIRE's normaliser and MLP); otherwise distance-only biases become a lookup in a small
+    per-distance table, and any other bias is built once and gathered pair by pair. Every gathered index is clamped: a ``score_mod`` is evaluated on masked-out
     positions too, where a distance can fall outside the table.
     """
     if not encoding.has_bias:
@@ -375,14 +376,9 @@ def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> C
         def positions(q_idx, kv_idx):
             return q_pos[q_idx], k_pos[kv_idx]
 
-    if encoding.name == "alibi":
-        slopes = encoding.slopes.to(q_pos.device)
-
-        def alibi(score, b, h, q_idx, kv_idx):
-            i, j = positions(q_idx, kv_idx)
-            return score - slopes[h] * (i - j).abs()
-
-        return alibi
+    own = encoding.score_mod(positions)
+    if own is not None:
+        return own
     if encoding.distance_only:
         lo, hi = _distance_range(q_pos, k_pos)
         table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device))  # h d
@@ -393,23 +389,12 @@ def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> C
             return score + table[h, (i - j - lo).clamp(0, size - 1)]
 
         return by_distance
-    if encoding.name == "fire":
-        from .bias import FIRE_EPS
+    whole = encoding.bias(q_pos, k_pos)  # h i j: any other bias, gathered pair by pair
 
-        c, threshold = encoding.fire.params()
-        first, last = encoding.fire.mlp[0], encoding.fire.mlp[2]
-        w1, b1 = first.weight[:, 0], first.bias  # hidden
-        w2, b2 = last.weight, last.bias  # heads x hidden, heads
+    def gathered(score, b, h, q_idx, kv_idx):
+        return score + whole[h, q_idx, kv_idx]
 
-        def fire(score, b, h, q_idx, kv_idx):
-            i, j = positions(q_idx, kv_idx)
-            d = (i - j).clamp(min=0).to(c.dtype)
-            x = torch.log1p(c * d) / (torch.log1p(c * torch.maximum(threshold, i.to(c.dtype))) + FIRE_EPS)
-            hidden = torch.relu(w1 * x + b1)
-            return score + (w2[h] * hidden).sum() + b2[h]
-
-        return fire
-    raise PosencError(f"no FlexAttention score_mod for encoding {encoding.name!r}")
+    return gathered
 
 
 @functools.lru_cache(maxsize=32)
@@ -680,8 +665,7 @@ def attention(
         return torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend=backend, causal=causal,
                                     positions=positions[i], reach=reach) for i in range(q.shape[0])])
     if not causal and not encoding.noncausal:
-        hint = " (build it with bidirectional=True)" if encoding.name == "t5" else ""
-        raise PosencError(f"encoding {encoding.name!r} has no non-causal form{hint}: use causal=True")
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form{encoding.noncausal_hint}: use causal=True")
     if backend == "auto":
         backend = choose_backend(encoding, q.device)
     if backend == "flex" and not flex_available(q.device):

@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from .encodings import strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .evaluate import evaluate
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
@@ -442,8 +443,8 @@ def run_context_unit(spec: ContextSpec, encoding: str, seed: int, load, train_le
     """The gain and the passkey for one trained model (every RoPE strategy on the RoPE model)."""
     reach = spec.reach or train_len
     gains, keys = [], []
-    for strategy in (spec.strategies if encoding == "rope" else ("-",)):
-        model = load(encoding, seed, **({"scaling": strategy} if encoding == "rope" else {}))
+    for strategy in strategies_of(encoding, spec.strategies):
+        model = load(encoding, seed, **({"scaling": strategy} if strategy != "-" else {}))
         base = {"encoding": encoding, "strategy": strategy, "seed": seed, "train_len": train_len, **common}
         for length in spec.lengths:
             r = gain(model, text.stream, length=length, reach=reach, blocks=blocks_of(text, spec),

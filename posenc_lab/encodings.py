@@ -177,6 +177,17 @@ class Encoding(nn.Module):
 
     #: whether the encoding has a defined form for non-causal (bidirectional) attention
     noncausal = True
+    #: how to build the encoding's non-causal form, where an option gives one (said in the error otherwise)
+    noncausal_hint = ""
+    #: whether an experiment evaluates RoPE's extrapolation strategies on the trained model (plain RoPE; its variants
+    #: are evaluated as trained)
+    has_strategies = False
+
+    def score_mod(self, positions: Callable) -> Callable | None:
+        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` of the encoding's own, given
+        ``positions(q_idx, kv_idx) -> (i, j)``; None lets the backend build one from :meth:`bias` (a per-distance
+        table when ``distance_only``, else the whole bias gathered), which serves any bias encoding."""
+        return None
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """``b[h, i, j]`` for every head, query and key position, or None."""
@@ -343,6 +354,11 @@ class RoPE(Encoding):
     """
 
     name, hook = "rope", "rotate"
+    has_strategies = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.has_strategies = cls.variant_of is None
     shape = {"head_dim": "head_dim", "train_len": "train_len"}
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, layout: str = "half",
@@ -682,6 +698,15 @@ class ALiBi(_BiasEncoding):
     def bias(self, q_pos, k_pos):
         return bias.alibi_bias(self.slopes, q_pos, k_pos)
 
+    def score_mod(self, positions):
+        slopes = self.slopes
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score - slopes[h] * (i - j).abs()
+
+        return alibi
+
 
 class T5(_BiasEncoding):
     """T5 relative bias (Raffel et al. 2020): a learned scalar per head and log-spaced distance bucket.
@@ -697,6 +722,8 @@ class T5(_BiasEncoding):
         self.table = bias.T5Bias(num_heads, num_buckets=num_buckets, max_distance=max_distance,
                                  bidirectional=bidirectional)
         self.noncausal = bidirectional
+
+    noncausal_hint = " (build it with bidirectional=True)"
 
     def bias(self, q_pos, k_pos):
         return self.table(q_pos, k_pos)
@@ -738,6 +765,16 @@ class Fire(_BiasEncoding):
     def bias(self, q_pos, k_pos):
         return self.fire(q_pos, k_pos)
 
+    def score_mod(self, positions):
+        """FIRE pair by pair (its bias depends on the query position too): the module's own normaliser and MLP."""
+        c, threshold = self.fire.params()
+
+        def fire(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score + self.fire.mlp(bias.fire_normalised(i, i - j, c, threshold).reshape(1))[h]
+
+        return fire
+
     def distance_only_at(self, q_pos: torch.Tensor) -> bool:
         if torch.compiler.is_compiling() or q_pos.numel() == 0:
             return False
@@ -756,6 +793,12 @@ ENCODINGS: dict[str, type[Encoding]] = {
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
                               RandomizedLearned)
 }
+
+def strategies_of(name: str, strategies) -> tuple[str, ...]:
+    """The RoPE strategies an experiment evaluates on a trained ``name``: ``strategies`` where the encoding has them
+    (:attr:`Encoding.has_strategies`), ``("-",)`` (the model as trained) otherwise."""
+    return tuple(strategies) if ENCODINGS[name].has_strategies else ("-",)
+
 
 #: the encodings themselves, without their variants (the default of every experiment)
 PRIMARY: tuple[str, ...] = tuple(name for name, cls in ENCODINGS.items() if cls.variant_of is None)

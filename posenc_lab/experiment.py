@@ -27,7 +27,7 @@ import torch
 
 from . import __version__, distributed
 from .data import Corpus, EvalText, evaluation_text, load_corpus
-from .encodings import ENCODINGS, PRIMARY
+from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, evaluate, window_plan
 from .model import GPT, GPTConfig
@@ -366,7 +366,7 @@ def evaluate_checkpoint(model, spec: Spec, text: EvalText, device, strategies=("
 
 def encoding_state(model) -> dict:
     """The learned parameters of a bias encoding (small tables), for the book's figures."""
-    if model.cfg.encoding not in ("t5", "kerple", "fire"):
+    if not (model.encoding.has_bias and any(True for _ in model.encoding.parameters())):
         return {}
     return {k: v.detach().cpu().tolist() for k, v in model.encoding.state_dict().items()}
 
@@ -396,7 +396,7 @@ class _PlainRotation:
                                   [d for d in docs if (d["eval_len"], d["eval_mode"]) == key])
 
     def same_as(self, length, mode):
-        scaling = self.model.encoding.scaling if self.encoding == "rope" else "none"
+        scaling = self.model.encoding.scaling if ENCODINGS[self.encoding].has_strategies else "none"
         if scaling == "none" or (length, mode) not in self.measured:
             return None
         return self.measured[(length, mode)] if _same_rotation(self.model, scaling, length) else None
@@ -410,7 +410,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
     torch.manual_seed(seed)
     model = GPT(spec.model_config(encoding))
     compile = spec.compile if spec.compile is not None else default_compile(device)
-    strategies = spec.strategies if encoding == "rope" else ("-",)
+    strategies = strategies_of(encoding, spec.strategies)
     curve_steps = set(spec.curve_steps()) if spec.curve_points else set()
     checkpoints: list = []  # saved in the training checkpoint, so a resumed run keeps the evaluations made
 
@@ -430,7 +430,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
     rows, curves, documents = [], {}, []
     plain = _PlainRotation(model, encoding)
     for strategy in strategies:
-        if encoding == "rope":
+        if strategy != "-":
             model.encoding.set_scaling(strategy)
         evaluated, per_position, docs = _evaluate_all(model, spec, text, device, progress, f"{label} {strategy}",
                                                       same_as=plain.same_as)
@@ -439,7 +439,7 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
         rows += [{**base, "strategy": strategy, **r} for r in evaluated]
         documents += [{"strategy": strategy, **d} for d in docs]
         curves[strategy] = per_position
-    if encoding == "rope":
+    if ENCODINGS[encoding].has_strategies:
         model.encoding.set_scaling("none")
         for strategy in spec.finetunes(seed):
             tuned = copy.deepcopy(model)
@@ -561,7 +561,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
         for strategy in strategies:
             if not todo.get(strategy):
                 continue
-            if encoding == "rope":
+            if strategy != "-":
                 model.encoding.set_scaling(strategy)
             base = {k: v for k, v in next(r for r in unit["rows"] if r["strategy"] == strategy).items()
                     if k not in ("eval_len", "eval_mode", "stride", "status", "loss", "perplexity", "bits_per_byte",
@@ -576,7 +576,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
             unit["documents"] = unit.get("documents", []) + [
                 {"encoding": encoding, "seed": seed, "strategy": strategy, **d} for d in docs]
             unit.setdefault("per_position", {}).setdefault(strategy, {}).update(per_position)
-        if encoding == "rope":
+        if ENCODINGS[encoding].has_strategies:
             model.encoding.set_scaling("none")
         for r in unit["rows"]:
             r["config"] = common["config"]  # every row now belongs to the extended spec; `extended` keeps the history

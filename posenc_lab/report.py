@@ -132,7 +132,7 @@ def claims_table(rows, documents=None, *, judged_len: int = 2048) -> str:
 
 
 def load_documents(out: Path | str) -> pd.DataFrame | None:
-    """The per-document losses of a run (``documents.csv``), or None for a run made before they were kept."""
+    """The per-document losses of a run (``documents.csv``), or None for a run that did not keep them."""
     path = Path(out) / "documents.csv"
     if not path.exists():
         return None
@@ -275,7 +275,7 @@ def headline(rows, *, judged_len: int = 2048) -> str:
 
 
 def load_checkpoints(out: Path | str) -> pd.DataFrame | None:
-    """The evaluations along training of a run (``checkpoints.csv``), or None for a run made before they were kept."""
+    """The evaluations along training of a run (``checkpoints.csv``), or None for a run that did not keep them."""
     path = Path(out) / "checkpoints.csv"
     if not path.exists():
         return None
@@ -294,8 +294,9 @@ def budget_frame(checkpoints, train_len: int | None = None) -> pd.DataFrame:
     df["perplexity"] = pd.to_numeric(df["perplexity"], errors="coerce")
     train = int(df["train_len"].iloc[0])
     plain = df[(df.label == "rope/none") & (df.eval_len == train)]
-    copies = [plain.assign(strategy=s, label=f"rope/{s}") for s in sorted(df.loc[df.encoding == "rope", "strategy"].unique())
-              if s != "none" and df[(df.strategy == s) & (df.eval_len == train)].empty]
+    strategies = sorted(set(df.loc[df.label.str.startswith("rope/"), "strategy"]) - {"none"})
+    copies = [plain.assign(strategy=s, label=f"rope/{s}") for s in strategies
+              if df[(df.strategy == s) & (df.eval_len == train)].empty]
     return pd.concat([df, *copies], ignore_index=True) if copies else df
 
 

@@ -58,7 +58,7 @@ import torch
 from tqdm import tqdm
 
 from . import distributed
-from .encodings import ENCODINGS, PRIMARY
+from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
 from .model import GPT, IGNORE, GPTConfig
@@ -400,12 +400,12 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
             "train_accuracy": curve[-1]["accuracy"] if curve else math.nan, "train_steps": trained["train_steps"],
             "train_seconds": round(trained["train_seconds"], 2), **common}
     rows = []
-    for strategy in (spec.strategies if encoding == "rope" else ("-",)):
-        if encoding == "rope":
+    for strategy in strategies_of(encoding, spec.strategies):
+        if strategy != "-":
             model.encoding.set_scaling(strategy)
         rows += [{**base, "strategy": strategy, **r} for r in _grid(model, spec, seed, device, progress,
                                                                      f"{encoding}/{strategy}")]
-    if encoding == "rope":
+    if ENCODINGS[encoding].has_strategies:
         model.encoding.set_scaling("none")
     if distributed.is_main():
         save_atomic({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()},
