@@ -72,7 +72,7 @@ results-retrieval: env
 
 # the retrieval tasks that need positions (chapter 9): five digits in order, 4,000 steps (about 75 minutes on two
 # quiet cores); TASKS="digits multikey" adds the named key among distractors, 8,000 steps with untied embeddings
-# (about 5.5 hours; pending/pilots/README.md); the article's encodings, three seeds each; seed 0's
+# (about 5.5 hours; the book's appendix says how its design was chosen); the article's encodings, three seeds each; seed 0's
 # weights are kept as float16 (scripts/answer_digits.py reads them)
 TASKS ?= digits
 results-tasks: env
@@ -88,15 +88,12 @@ results-context: env
 	  cp -r runs/context-cpu/*.csv runs/context-cpu/*.json runs/context-cpu/units results/context-cpu/
 
 # the same on article-long's models (44 minutes): needs every seed's weights in runs/article-long/models, which
-# make results-long leaves there (results/article-long/models keeps seed 0's; pending/article-long/models, where
-# they lie while a run is in progress, was removed once this had run)
+# make results-long leaves there (results/article-long/models keeps seed 0's only)
 # $(call context_on,RUN,PRESET): the context preset PRESET on RUN's models (the run's folder restored from results/
-# where it is missing, weights kept in pending/RUN/models while a run is in progress copied in), its tables to
-# results/PRESET
+# where it is missing), its tables to results/PRESET
 define context_on
 	mkdir -p runs/$(1)/models
 	test -f runs/$(1)/config.json || cp -r results/$(1)/. runs/$(1)/
-	if [ -d pending/$(1)/models ]; then cp pending/$(1)/models/*.pt runs/$(1)/models/; fi
 	$(PY) -m posenc_lab context --preset $(2) --run runs/$(1) --out runs/$(2)
 	rm -rf results/$(2) && mkdir -p results/$(2) && \
 	  cp -r runs/$(2)/*.csv runs/$(2)/*.json runs/$(2)/units results/$(2)/
@@ -106,8 +103,7 @@ results-context-long: env
 	$(call context_on,article-long,context-long)
 
 # the gain from context past 512 on variants-cpu's models (9 minutes): every seed's weights in
-# runs/variants-cpu/models, which make results-variants leaves there (pending/variants-cpu/models, where they lay
-# while the run was in progress, was removed once this had run)
+# runs/variants-cpu/models, which make results-variants leaves there
 results-context-variants: env
 	$(call context_on,variants-cpu,context-variants)
 
@@ -128,7 +124,7 @@ results-article: env
 	$(call export_seed0,article-cpu)
 
 # article-long (issue 20): article-cpu's recipe with 4x the tokens for the article's encodings, three seeds; many
-# hours on two cores (it resumes where it stopped; pending/README.md says how to keep its finished units safe)
+# hours on two cores (it resumes where it stopped; book/running.md says how to move a run between machines)
 results-long: env
 	$(PY) -m posenc_lab run --preset article-long --out runs/article-long
 	$(call commit_run,article-long,documents.csv checkpoints.csv figures)

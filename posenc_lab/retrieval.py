@@ -12,7 +12,7 @@ Three tasks, each a small model trained on it alone at the training length (``ta
   ``?K`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
   must be told from distractors of the same kind, then copied in order. The name is followed by the
   digits directly, so that one look-up of the name finds the key. Its models train differently from
-  the other tasks' (``pending/pilots/README.md`` records every pilot): each training window ends
+  the other tasks' (the book's appendix says how the pilots chose it): each training window ends
   with 1 to 4 questions in turn by step (``train_questions``; the one-question windows place needles
   everywhere the grid does), each naming a key drawn at random (repeats allowed: asking every key
   once let the last be found by elimination, a shortcut the pilots caught), and the input
@@ -327,7 +327,7 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                             tie_embeddings=False,
                                             notes="the named key among three distractors of the same kind, trained at "
                                                   "128 bytes for 8,000 steps with 1-4 questions per window and "
-                                                  "untied embeddings (pending/pilots: tied, the names are not told "
+                                                  "untied embeddings (with tied ones the names are not told "
                                                   "apart), judged at 1x to 8x, the article's encodings, three seeds; "
                                                   "about 5.5 hours"),
 }
