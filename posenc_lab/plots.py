@@ -194,6 +194,22 @@ def headline_figure(rows, *, metric: str = "perplexity", modes=("sliding", "nono
     return fig
 
 
+def runs_figure(runs: dict, *, mode: str = "nonoverlapping", labels=None, metric: str = "perplexity",
+                width: float = 12.0):
+    """A panel per run (``{title: rows}``, e.g. two domains trained with one recipe) of :func:`perplexity_vs_length`
+    in one evaluation mode, both axes logarithmic, the y axis shared and one legend. Returns the ``Figure``."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(width, 4.6), sharey=True, squeeze=False)
+    for i, (ax, (title, rows)) in enumerate(zip(axes[0], runs.items())):
+        perplexity_vs_length(rows, ax, mode=mode, labels=labels, metric=metric, legend=i == len(runs) - 1)
+        seeds = frame(rows)["seed"].nunique()
+        band = f"; band: {seeds} seeds' range" if seeds > 1 else ""
+        ax.set_title(f"{title}\n{_MODE.get(mode, mode)} windows{band}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def save_headline(run: str, *, folder: Path | str | None = None, dpi: int = 120) -> list[Path]:
     """The headline figures of a committed run (:func:`headline_figure`, both modes) as PNGs:
     ``ppl_vs_length.png`` and ``growth.png`` under ``results/<run>/figures`` (or ``folder``), for the README and the
