@@ -9,6 +9,10 @@ exactly the same differences.
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.claims")
+
 import math
 import textwrap
 from dataclasses import dataclass

@@ -33,6 +33,10 @@ whose perplexity the book reports, without retraining them:
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.context")
+
 import ast
 import json
 import math

@@ -22,6 +22,10 @@ so that two evaluations of the same targets can be compared byte by byte (:mod:`
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.evaluate")
+
 import math
 import time
 

@@ -10,6 +10,10 @@ the units after each one.
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.experiment")
+
 import copy
 import csv
 import io

@@ -12,6 +12,10 @@ drawn are the package's formulas: :func:`rope.scaled_inv_freq`, :func:`bias.alib
 
 from __future__ import annotations
 
+from .extras import require
+
+require("book", "posenc_lab.explore")
+
 import json
 import math
 import sys

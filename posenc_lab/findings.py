@@ -3,6 +3,10 @@ rests on (the README's and chapter 10's first screen)."""
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.findings")
+
 import math
 
 import pandas as pd

@@ -14,6 +14,10 @@ the highest seed; the other figures draw a band of one standard deviation over s
 
 from __future__ import annotations
 
+from .extras import require
+
+require("book", "posenc_lab.plots")
+
 from pathlib import Path
 
 import numpy as np

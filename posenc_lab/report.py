@@ -13,6 +13,10 @@ differences the claims rest on.
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.report")
+
 import json
 import math
 from pathlib import Path

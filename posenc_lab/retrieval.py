@@ -47,6 +47,10 @@ strategies are evaluated on the one trained RoPE model. The runner is the experi
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.retrieval")
+
 import csv
 import io
 import json

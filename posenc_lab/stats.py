@@ -10,6 +10,10 @@ Accuracies are not compared this way: :func:`compare_counts` tests each seed's c
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.stats")
+
 import math
 from dataclasses import dataclass
 

@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+from .extras import require
+
+require("lab", "posenc_lab.train")
+
 import contextlib
 import math
 import os

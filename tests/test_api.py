@@ -1,5 +1,9 @@
 """The library as a researcher uses it: the public names, shapes as other libraries pass them, no silent answer."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,6 +11,9 @@ from hypothesis import strategies as st
 
 import posenc_lab as pl
 from posenc_lab import ENCODINGS, KVCache, PosencError, attention, bias_tensor, make_encoding, rope
+from posenc_lab.extras import EXTRAS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 H, D, L = 4, 8, 32
 
@@ -177,3 +184,22 @@ def test_only_the_asked_modes_are_validated():
     assert spec.modes == ("nonoverlapping",) and spec.eval_lengths == (512, 2048)
     sliding = _spec(["run", "--preset", "article-cpu", "--eval-lengths", "512,2048"])
     assert sliding.sliding == ((512, 256), (2048, 1024))
+
+
+@pytest.mark.parametrize("module,extra", [("posenc_lab.train", "lab"), ("posenc_lab.stats", "lab"),
+                                          ("posenc_lab.plots", "book")])
+def test_a_missing_extra_is_one_line_naming_the_install(module, extra):
+    """With the extra's modules hidden, importing a lab or book module says which extra to install."""
+    hide = "\n".join([
+        "import importlib.abc, sys",
+        "class Hide(importlib.abc.MetaPathFinder):",
+        f"    def find_spec(self, name, path, target=None):",
+        f"        if name.split('.')[0] in {EXTRAS[extra]!r}: raise ModuleNotFoundError(name)",
+        "sys.meta_path.insert(0, Hide())",
+        "import importlib.util",
+        "_find = importlib.util.find_spec",
+        f"importlib.util.find_spec = lambda n, *a: None if n in {EXTRAS[extra]!r} else _find(n, *a)",
+        f"import {module}"])
+    result = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, cwd=ROOT)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode != 0 and f"pip install 'posenc-lab[{extra}]'" in last and "MissingExtra" in last

@@ -1,0 +1,255 @@
+"""The generated parts of the README and of the book's landing page, and a README for each headline run, all
+from the committed results: no number in them is typed by hand.
+
+    python -m posenc_lab.readme           # rewrite the generated blocks and results/<run>/README.md
+    python -m posenc_lab.readme --check   # exit 1 when a generated text differs from the committed one
+
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in
+words, :func:`findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
+prose) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
+every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from . import findings, report, results
+from .stats import frame
+
+#: the run the README and the landing page show
+HEADLINE = "article-long-b4"
+#: the other recipe with the same model and tokens (batch 8 for 2,800 steps)
+OTHER_RECIPE = "article-long"
+#: the headline recipe on English prose
+PROSE = "prose-long-b4"
+#: the runs that get a generated ``results/<run>/README.md``
+RUN_READMES = (HEADLINE, OTHER_RECIPE, PROSE)
+#: the encodings the two recipes are compared on at the training length (NoPE, far behind in both, is left out)
+COMPARED = ("sinusoidal", "rope/none", "alibi", "t5")
+#: the documents that hold generated blocks, relative to the repository, each with the base of its links to the
+#: committed results (the book leaves results/ out of its pages, so its landing page links to the repository)
+REPOSITORY = "https://github.com/posenc-lab/posenc-lab/blob/main/"
+DOCUMENTS = {"README.md": "", "book/intro.md": REPOSITORY}
+
+# a block's body is its lines between the markers, each ending in a newline (empty before the first fill)
+_BLOCK = re.compile(r"(<!-- (?P<name>[\w-]+):start -->\n)(?P<body>.*?)(<!-- (?P=name):end -->)", re.S)
+
+
+@lru_cache(maxsize=None)
+def _load(run: str):
+    return results.load(run)
+
+
+def rows_of(run: str) -> list[dict]:
+    """The rows of a committed run, loaded once per process."""
+    return _load(run)[0]
+
+
+def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlapping") -> float:
+    """The mean loss (nats per byte) at the training length over ``labels`` and every seed of ``run``."""
+    df = frame(rows_of(run))
+    at = df[(df.eval_mode == mode) & (df.eval_len == df.train_len) & df.label.isin(labels)]
+    return float(at["loss"].mean())
+
+
+def _recipe(run: str) -> str:
+    spec = _load(run)[2]["spec"]
+    return f"batch {spec['batch_size']} × {spec['steps']:,} steps"
+
+
+def _tokens(run: str) -> str:
+    spec = _load(run)[2]["spec"]
+    return f"{spec['steps'] * spec['batch_size'] * spec['train_len'] / 1e6:.1f} M bytes"
+
+
+def _corpus(run: str) -> str:
+    corpus = _load(run)[2].get("corpus", {}).get("corpus")
+    return {"stdlib": "Python source", "prose": "English prose"}.get(corpus, f"the {corpus} corpus")
+
+
+def _names(labels) -> str:
+    names = [findings.NAMES.get(x, x) for x in labels]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+@lru_cache(maxsize=None)
+def run_block() -> str:
+    """Why the headline run is the one shown: the lower mean loss at the training length of the two recipes."""
+    spec = _load(HEADLINE)[2]["spec"]
+    ours, other = mean_loss_at_train_len(HEADLINE), mean_loss_at_train_len(OTHER_RECIPE)
+    seeds = {1: "one seed", 2: "two seeds", 3: "three seeds"}.get(len(spec["seeds"]), f"{len(spec['seeds'])} seeds")
+    return (f"The headline run is `{HEADLINE}`: a {spec['n_layer']}-layer, {spec['d_model']}-wide byte model "
+            f"trained at {spec['train_len']} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
+            f"{seeds}. Its mean loss at {spec['train_len']} over {_names(COMPARED)} is {ours:.3f} nats per byte, "
+            f"against {other:.3f} for `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}).")
+
+
+@lru_cache(maxsize=None)
+def findings_block() -> str:
+    """The claims in words: exactly :func:`findings.findings_markdown` of the headline run."""
+    return findings.findings_markdown(rows_of(HEADLINE))
+
+
+#: each claim part in a few words, for the line on prose
+SHORT = {
+    "1: a (worse at training length)": "ALiBi slightly worse than RoPE at the training length",
+    "1: b (most stable)": "ALiBi the most stable",
+    "2: ntk most accurate": "NTK the most accurate",
+    "2: dynamic-ntk most accurate": "dynamic NTK the most accurate",
+    "2: yarn most accurate (ours)": "YaRN the most accurate",
+    "3: worse than RoPE": "T5 worse than RoPE",
+    "3: worse than ALiBi": "T5 worse than ALiBi",
+    "ordering: sinusoidal breaks first": "the sinusoids break first",
+    "ordering: then rotary": "RoPE breaks next",
+    "ordering: T5 holds to 2x": "T5 holds to 2x",
+    "ordering: ALiBi stays flat": "ALiBi stays flat",
+}
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@lru_cache(maxsize=None)
+def _prose_side():
+    return findings.side_by_side({HEADLINE: rows_of(HEADLINE), PROSE: rows_of(PROSE)})
+
+
+def prose_block(base: str = "") -> str:
+    """The verdicts that differ on English prose (:func:`findings.side_by_side`), grouped by the prose verdict."""
+    side = _prose_side()
+    differ = [part for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
+    lines = [f"On English prose (`{PROSE}`: the same recipe on Jane Austen's novels and the World English Bible), "
+             f"{len(differ)} of the {len(side)} verdicts differ."]
+    groups: dict[str, list[str]] = {}
+    for part in differ:
+        verdict = findings.verdict_in_words(side.loc[part, (PROSE, "verdict")]).split(" (")[0]
+        groups.setdefault(verdict, []).append(SHORT.get(part, part))
+    for verdict, parts in groups.items():
+        lines.append(f"{verdict} on prose: {_listed(parts)}.")
+    lines.append(f"Its tables: [results/{PROSE}/README.md]({base}results/{PROSE}/README.md).")
+    return " ".join(lines)
+
+
+@lru_cache(maxsize=None)
+def blocks(base: str = "") -> dict[str, str]:
+    """Every generated block by name; ``base`` goes before the links to committed results."""
+    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base)}
+
+
+def generated_blocks(text: str) -> dict[str, str]:
+    """The generated blocks a document holds, by name (a name may appear once per document)."""
+    return {m.group("name"): m.group("body").removesuffix("\n") for m in _BLOCK.finditer(text)}
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """``text`` with each generated block replaced by its value in ``values``; an unknown block name is an error."""
+
+    def replace(m):
+        name = m.group("name")
+        if name not in values:
+            raise KeyError(f"no generated block named {name!r}; known: {', '.join(values)}")
+        return m.group(1) + values[name] + "\n" + m.group(4)
+
+    return _BLOCK.sub(replace, text)
+
+
+# ------------------------------------------------------------------------------------------ each run's README
+
+
+def _encodings(df) -> list[str]:
+    """The run's encodings (RoPE once, without its strategies), in the registry's order."""
+    return [x for x in report.HEADLINE_LABELS if x in set(df.label) and ("/" not in x or x == "rope/none")]
+
+
+def _caveats(run: str) -> list[str]:
+    rows, units, config = _load(run)
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
+    spread = report.spread_at_training_length(rows, [x for x in COMPARED if x in set(df.label)])
+    strict = report.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("both modes", 2048)]
+    usual = report.verdict_table(rows, judged_lens=(2048,))[("both modes", 2048)]
+    resolved = [c for c in usual.index if not usual[c].startswith("not resolved")]
+    lost = [c for c in resolved if strict[c].startswith("not resolved")]
+    text = config.get("evaluation_text", {})
+    seconds = [u["seconds"] for u in units]
+    devices = ", ".join(sorted(set(df["device"].astype(str))))
+    out = [f"The models are short of convergence. At {train} (non-overlapping windows) {_names(spread['means'])} are "
+           f"{100 * spread['spread']:.1f} % apart in perplexity. The ALiBi paper's converged models are about 2 % "
+           f"apart.",
+           f"Three seeds resolve only large differences. At alpha = 0.01, {len(lost)} of the {len(resolved)} resolved "
+           f"verdicts become \"not resolved\"" + (f": {', '.join(lost)}." if lost else "."),
+           f"\"Every scheme\" in claim 2 means the encodings of this run: {_names(_encodings(df))}."]
+    if text:
+        out.append(f"Evaluation: {text['eval_text_bytes'] / 1024:.0f} KiB from {text['eval_documents']} test "
+                   f"documents, the same bytes for every encoding. Sliding windows of length L' score their last "
+                   f"L'/2 bytes.")
+    out.append(f"Trained and evaluated on {devices}: {len(units)} units (an encoding and a seed), median "
+               f"{statistics.median(seconds):,.0f} s each, {_duration(sum(seconds))} of unit time in all.")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} hours"
+
+
+def run_readme(run: str) -> str:
+    """``results/<run>/README.md``: what made the run, the claims in words, the tables and verdicts
+    (:func:`report.headline`), the decision rule and the caveats."""
+    rows, _, config = _load(run)
+    corpus = config.get("corpus", {})
+    what = results.RUNS[run]
+    make, _, description = what.partition(": ")
+    parts = [f"# {run}", "",
+             "Generated by `python -m posenc_lab.readme` from this folder's results; `tests/test_results.py` checks "
+             "that it is in step with them.", "",
+             f"Made by `{make}`: {description}.",
+             f"Corpus: {corpus.get('source', corpus.get('corpus', 'unknown'))}.", ""]
+    if run in (HEADLINE, OTHER_RECIPE):
+        parts += [run_block(), ""]
+    parts += ["## The claims in words", "", findings.findings_markdown(rows), "",
+              "## Perplexity per byte and the verdicts", "",
+              "Mean ± standard deviation over the seeds; lower is better. The claims are judged at 2,048, the "
+              "article's 4x.", "", report.headline(rows), "",
+              "## The decision rule", "", report.RULE, "",
+              "## Caveats", "", *(f"- {c}" for c in _caveats(run)), ""]
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------ writing and checking
+
+
+def expected(root: Path) -> dict[Path, str]:
+    """Every generated file's expected text, by path."""
+    out = {root / doc: fill((root / doc).read_text(encoding="utf-8"), blocks(base)) for doc, base in DOCUMENTS.items()}
+    out.update({results.folder(run) / "README.md": run_readme(run) for run in RUN_READMES})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: print the two recipes' losses, then write (or ``--check``) every generated file."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the repository")
+    args = parser.parse_args(argv)
+    for run in (HEADLINE, OTHER_RECIPE):
+        print(f"{run}: mean loss at the training length over {', '.join(COMPARED)} "
+              f"{mean_loss_at_train_len(run):.3f} nats per byte ({_recipe(run)})")
+    stale = []
+    for path, text in expected(args.root).items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(text, encoding="utf-8")
+        print(f"{'stale' if path in stale and args.check else 'wrote' if path in stale else 'in step'}: {path}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
