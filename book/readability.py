@@ -70,6 +70,7 @@ def prose_blocks(text: str) -> list[str]:
         end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
         lines = lines[end + 1:]
     blocks, current, skip_fence, in_math, in_comment = [], [], None, False, False
+    open_prose: list[str] = []  # fences of the prose directives (exercise, note, figure ...) now open
 
     def flush():
         if current:
@@ -99,8 +100,12 @@ def prose_blocks(text: str) -> list[str]:
         fence = _FENCE.match(line)
         if fence:
             flush()
-            if _NOT_PROSE.match(line):
+            if open_prose and line == open_prose[-1]:  # the end of a prose directive, not a code block
+                open_prose.pop()
+            elif _NOT_PROSE.match(line):
                 skip_fence = fence.group(1)
+            else:
+                open_prose.append(fence.group(1))
             continue
         if (not line or line.startswith(("#", "|", "<", "+++")) or re.match(r"^:[\w-]+:", line)
                 or re.match(r"^\(\S+\)=$", line) or line.startswith("[^") and "]:" in line):

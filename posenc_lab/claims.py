@@ -80,7 +80,7 @@ def values(df: pd.DataFrame, mode: str, q: Quantity) -> pd.Series:
 
 
 def run_test(df: pd.DataFrame, mode: str, test: Test, *, alpha: float = ALPHA) -> Comparison:
-    """The t-test behind ``test`` on the log scale (:func:`stats.compare_design`)."""
+    """The t-test behind ``test`` on the log scale (:func:`~posenc_lab.stats.compare_design`)."""
     b = math.log(test.b) if isinstance(test.b, (int, float)) else values(df, mode, test.b)
     return compare_design(values(df, mode, test.a), b, alpha=alpha, scale="log")
 
@@ -199,7 +199,7 @@ def claims(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> 
 
 def decided(rows, *, modes=("sliding", "nonoverlapping"), judged_len: int = 2048, alpha: float = ALPHA) -> dict:
     """Each claim part decided once from both modes: the comparisons of every mode in one family (one call of
-    :func:`stats.verdict`, so Holm runs over both modes' comparisons and "holds" needs every one of them)."""
+    :func:`~posenc_lab.stats.verdict`, so Holm runs over both modes' comparisons and "holds" needs every one of them)."""
     pooled: dict[str, list] = {}
     for mode in modes:
         for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):

@@ -621,7 +621,7 @@ def _per_seed(df, label, length, column):
 
 def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: float | None = None) -> "pandas.DataFrame":
     """Two verdicts per label at evaluation length ``length``, on the far targets (window position past the
-    reach), under the book's rule (:data:`posenc_lab.report.RULE`: seeds are the samples, paired t-tests):
+    reach), under the book's rule (:data:`posenc_lab.claims.RULE`: seeds are the samples, paired t-tests):
 
     * ``uses the far context``: the label's loss with full attention is below its own loss with attention
       limited to the reach (the gain is positive); ``fails`` means the far context makes it worse;
@@ -667,7 +667,7 @@ def windowed_verdicts(rows, length: int, *, baseline: str = "rope/none", alpha: 
 def far_context_family(rows, *, baseline: str = "rope/none", alpha: float | None = None) -> "pandas.DataFrame":
     """Every verdict of :func:`windowed_verdicts` at every length as one exploratory family: one row per label,
     length and question (``uses the far context``, ``beats the window``) with the perplexity ratio, the raw ``p``
-    and Holm's and Benjamini-Hochberg's adjusted values beside it (:func:`stats.adjusted`); read in prose only
+    and Holm's and Benjamini-Hochberg's adjusted values beside it (:func:`~posenc_lab.stats.adjusted`); read in prose only
     what survives."""
     import pandas as pd
 

@@ -11,8 +11,8 @@ import math
 
 import pandas as pd
 
-from .claims import Quantity, Test, claims, decided
-from .stats import ALPHA, Comparison, frame
+from .claims import Quantity, Test, claims, decided, values
+from .stats import ALPHA, Comparison, frame, holm
 
 
 
@@ -29,7 +29,7 @@ def deciding(pairs: list) -> tuple:
 def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
                  alpha: float = ALPHA) -> pd.DataFrame:
     """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict
-    decided from both modes (:func:`decided`) and the comparison it rests on (:func:`deciding`, over both modes'
+    decided from both modes (:func:`~posenc_lab.claims.decided`) and the comparison it rests on (:func:`deciding`, over both modes'
     comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then ``same verdict`` across the runs."""
     table = {}
     for name, rows in runs.items():
@@ -81,23 +81,31 @@ def _of(label: str) -> str:
     return name + ("'" if name.endswith("s") else "'s")
 
 
-def effect_in_words(test: Test, cmp: Comparison, train: int) -> str:
-    """One comparison as a reader says it: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``."""
+def effect_in_words(test: Test, cmp: Comparison, train: int, means: dict | None = None) -> str:
+    """One comparison as a reader says it: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``.
+
+    A flatness test (the size of the log growth) is said as the two sizes and their difference (``means``: the
+    mean |log growth| of each label); a test against a line as the growth factor and the line."""
     low, high = cmp.interval
     a = test.a
     if not isinstance(test.b, Quantity):  # a one-sample test of a growth against a line
         b = float(test.b)
-        return (f"{_of(a.label)} perplexity grows {cmp.ratio * b:.3f} times from {train} to {a.length:,} "
-                f"[{low * b:.3f}, {high * b:.3f}] (the line is {b:g})")
-    what = {"level": f"perplexity at {a.length:,}", "growth": f"growth to {a.length:,}",
-            "flatness": f"|log growth| to {a.length:,}"}[a.kind]
+        return (f"{_of(a.label)} perplexity changes by a factor of {cmp.ratio * b:.3f} from {train} to {a.length:,} "
+                f"[{low * b:.3f}, {high * b:.3f}] (the breaking threshold is {b:g})")
+    if a.kind == "flatness":
+        sizes = f" is {means[a.label]:.3f} against {_of(test.b.label)} {means[test.b.label]:.3f}" if means else ""
+        return (f"{_of(a.label)} |log growth| to {a.length:,}{sizes}, a difference of {cmp.diff:+.3f} "
+                f"[{cmp.low:+.3f}, {cmp.high:+.3f}]")
+    what = {"level": f"perplexity at {a.length:,}", "growth": f"growth to {a.length:,}"}[a.kind]
     return f"{_of(a.label)} {what} is {cmp.ratio:.2f} times {_of(test.b.label)} [{low:.2f}, {high:.2f}]"
 
 
 def findings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict]:
     """Each claim part for a reader: ``claim`` (as its source states it), ``verdict`` (decided from both modes),
-    ``effect`` (the comparison it rests on, in words), ``p`` and ``mode``."""
-    train = int(frame(rows)["train_len"].iloc[0])
+    ``effect`` (the comparison it rests on, :func:`deciding`, in words), its ``p``, ``p_holm`` (adjusted over the
+    claim part's comparisons in both modes, the family the verdict is decided in) and ``mode``."""
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
     side = side_by_side({"run": rows}, judged_len=judged_len, alpha=alpha)
     out = []
     for part in side.index:
@@ -105,9 +113,13 @@ def findings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict
                   for cl in claims(rows, mode, judged_len=judged_len, alpha=alpha)
                   for p_, pairs in cl["comparisons"].items() if f"{cl['id']}: {p_}" == part for t, c in pairs]
         t, cmp = deciding([(t, c) for t, c, _ in pooled])
-        mode = next(m for _, c, m in pooled if c is cmp)
+        k = next(i for i, (_, c, _) in enumerate(pooled) if c is cmp)
+        mode = pooled[k][2]
+        means = ({q.label: float(values(df, mode, q).mean()) for q in (t.a, t.b)}
+                 if t.a.kind == "flatness" else None)
         out.append({"part": part, "claim": STATEMENTS.get(part, part), "verdict": side.loc[part, ("run", "verdict")],
-                    "effect": effect_in_words(t, cmp, train), "p": cmp.p, "mode": mode})
+                    "effect": effect_in_words(t, cmp, train, means), "p": cmp.p,
+                    "p_holm": holm([c.p for _, c, _ in pooled])[k], "mode": mode})
     return out
 
 
@@ -126,6 +138,7 @@ def findings_markdown(rows, *, judged_len: int = 2048) -> str:
     lines = []
     for f in findings(rows, judged_len=judged_len):
         effect = f["effect"][0].upper() + f["effect"][1:]
-        lines.append(f"- {f['claim']} **{verdict_in_words(f['verdict'])}.** {effect}, p = {f['p']:.2g} "
-                     f"({f['mode'].replace('nonoverlapping', 'non-overlapping')} windows).")
+        lines.append(f"- {f['claim']} **{verdict_in_words(f['verdict'])}.** {effect}, p = {f['p']:.2g}, "
+                     f"{f['p_holm']:.2g} after Holm ({f['mode'].replace('nonoverlapping', 'non-overlapping')} "
+                     "windows).")
     return "\n".join(lines)

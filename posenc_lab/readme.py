@@ -5,7 +5,7 @@ from the committed results: no number in them is typed by hand.
     python -m posenc_lab.readme --check   # exit 1 when a generated text differs from the committed one
 
 A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in
-words, :func:`findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
+words, :func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
 prose) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
 every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
 """
@@ -92,7 +92,7 @@ def run_block() -> str:
 
 @lru_cache(maxsize=None)
 def findings_block() -> str:
-    """The claims in words: exactly :func:`findings.findings_markdown` of the headline run."""
+    """The claims in words: exactly :func:`~posenc_lab.findings.findings_markdown` of the headline run."""
     return findings.findings_markdown(rows_of(HEADLINE))
 
 
@@ -122,7 +122,7 @@ def _prose_side():
 
 
 def prose_block(base: str = "") -> str:
-    """The verdicts that differ on English prose (:func:`findings.side_by_side`), grouped by the prose verdict."""
+    """The verdicts that differ on English prose (:func:`~posenc_lab.findings.side_by_side`), grouped by the prose verdict."""
     side = _prose_side()
     differ = [part for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
     lines = [f"On English prose (`{PROSE}`: the same recipe on Jane Austen's novels and the World English Bible), "
@@ -201,7 +201,7 @@ def _duration(seconds: float) -> str:
 
 def run_readme(run: str) -> str:
     """``results/<run>/README.md``: what made the run, the claims in words, the tables and verdicts
-    (:func:`report.headline`), the decision rule and the caveats."""
+    (:func:`~posenc_lab.report.headline`), the decision rule and the caveats."""
     rows, _, config = _load(run)
     corpus = config.get("corpus", {})
     what = results.RUNS[run]

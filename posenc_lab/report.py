@@ -3,11 +3,11 @@
 The tidy table (one row per encoding, strategy, seed, length and mode) is a ``pandas.DataFrame``;
 summaries are its group-bys. The tests live in :mod:`posenc_lab.stats` and the claims in
 :mod:`posenc_lab.claims`; this module re-exports the names the chapters use (``report.verdict``,
-``report.claims``, ``report.RULE``, ...). Every verdict follows one decision rule, :data:`RULE`:
+``report.claims``, ``report.RULE``, ...). Every verdict follows one decision rule, :data:`~posenc_lab.claims.RULE`:
 seeds are the samples, perplexities are compared on the log scale, a difference counts only when
 it is resolved and at least a 1 % ratio of perplexities, in either direction, and the two
 evaluation modes of a claim are one family. The spread over the documents of the evaluation text
-is reported apart: :func:`document_bootstrap` for levels, :func:`claims.claim_bootstrap` for the
+is reported apart: :func:`document_bootstrap` for levels, :func:`~posenc_lab.claims.claim_bootstrap` for the
 differences the claims rest on.
 """
 
@@ -182,7 +182,7 @@ def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(204
                   both: bool = True) -> pd.DataFrame:
     """Every claim's verdicts in one table: a row per claim and part, a column per (mode, judged length), and, when
     ``both`` and every mode was measured there, a column ``("both modes", length)``: the claim decided once, with
-    both modes' comparisons in one family (:func:`claims.decided`)."""
+    both modes' comparisons in one family (:func:`~posenc_lab.claims.decided`)."""
     df = frame(rows)
     measured = {mode: set(df.loc[df.eval_mode == mode, "eval_len"]) for mode in modes}
     records = [{"claim": f"{c['id']}: {part}", "mode": mode, "judged at": length, "verdict": v}
@@ -225,14 +225,14 @@ def spread_at_training_length(rows, labels, *, mode: str = "nonoverlapping") -> 
 
 
 def versus(rows, pairs, *, mode, lengths=None, metric: str = "perplexity", alpha: float = ALPHA) -> pd.DataFrame:
-    """Label A against label B at each length, under :data:`RULE`'s test on the log scale (:func:`compare_design`:
+    """Label A against label B at each length, under :data:`~posenc_lab.claims.RULE`'s test on the log scale (:func:`~posenc_lab.stats.compare_design`:
     paired over the seeds both have when they have the same seeds). ``pairs`` is a list of ``(a, b)`` labels;
     ``mode`` one evaluation mode or several (a ``mode`` column tells them apart); ``lengths`` defaults to every
     length both were evaluated at. One row per pair and length: ``a``, ``b``, ``eval_len``, the seed means
     ``mean a`` and ``mean b``, ``ratio`` (``exp`` of the mean log difference) with ``low``/``high`` (its 95 %
     interval), ``relative`` (``ratio - 1``), ``p``, ``test`` (paired, welch) and ``sign``: ``<`` or ``>`` where the
     difference is resolved at ``alpha`` and at least 1 %, ``~`` otherwise. The table is an exploratory family:
-    ``p holm``, ``p BH`` and ``survives`` (:func:`stats.adjusted`) are computed over all its rows."""
+    ``p holm``, ``p BH`` and ``survives`` (:func:`~posenc_lab.stats.adjusted`) are computed over all its rows."""
     df = frame(rows)
     modes = (mode,) if isinstance(mode, str) else tuple(mode)
     records = []
@@ -340,7 +340,7 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
 def budget_comparisons(checkpoints, *, judged_len: int | None = None, alpha: float = ALPHA) -> pd.DataFrame:
     """Every comparison behind :func:`budget_verdicts`, one row per checkpoint (``tokens (M)``) and test, with the
     ratio, its interval and ``p``; the whole grid is one exploratory family, so ``p holm``, ``p BH`` and
-    ``survives`` (:func:`stats.adjusted`) sit beside the raw p. A verdict that flips between checkpoints on
+    ``survives`` (:func:`~posenc_lab.stats.adjusted`) sit beside the raw p. A verdict that flips between checkpoints on
     comparisons that survive neither adjustment is threshold noise."""
     df = budget_frame(checkpoints)
     judged_len = judged_len or int(df["eval_len"].max())

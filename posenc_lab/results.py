@@ -117,7 +117,7 @@ def _read_json(node):
 
 
 def load(name: str) -> tuple[list[dict], list[dict], dict]:
-    """Rows, unit records and config of a committed run, as :func:`report.load` returns them for a run folder."""
+    """Rows, unit records and config of a committed run, as :func:`~posenc_lab.report.load` returns them for a run folder."""
     node = folder(name)
     if not (node / "results.json").is_file() and (node / CONTEXT_TABLES[0]).is_file():
         raise PosencError(f"{name!r} is a context run: read its tables with results.rows({name!r}) or "

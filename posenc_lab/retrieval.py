@@ -485,7 +485,7 @@ LEARNED = 0.95
 
 def by_length(rows):
     """Exact-match accuracy per label and length: ``accuracy``, the mean of the seeds' accuracies (each pooled over
-    depths), with ``ci_low``/``ci_high`` its 95 % interval from the seeds (:func:`stats.seed_interval`) and
+    depths), with ``ci_low``/``ci_high`` its 95 % interval from the seeds (:func:`~posenc_lab.stats.seed_interval`) and
     ``per_seed`` the seeds' accuracies; ``wilson_low``/``wilson_high`` the Wilson interval of all windows pooled,
     which is the precision of these trained models' pooled score, not an interval for the encoding. A DataFrame
     indexed by ``(label, eval_len)``; ``train_accuracy`` is the lowest over the seeds (a label counts as learned

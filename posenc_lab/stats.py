@@ -109,6 +109,8 @@ class Comparison:
 
     @property
     def floor(self) -> float:
+        """The smallest difference that decides a claim: ``log 1.01`` on the log scale, :data:`ACCURACY_FLOOR`
+        for accuracies."""
         return ACCURACY_FLOOR if self.scale == "accuracy" else FLOOR
 
     @property

@@ -207,4 +207,15 @@ def test_effect_in_words_reads_a_level_and_a_line():
     level = claims.Test(claims.Quantity("level", "alibi", 512), claims.Quantity("level", "rope/none", 512), "<")
     assert findings.effect_in_words(level, c, 512).startswith(f"ALiBi's perplexity at 512 is {c.ratio:.2f} times RoPE's")
     line = claims.Test(claims.Quantity("growth", "t5", 1024), 1.1, "<")
-    assert f"grows {c.ratio * 1.1:.3f} times from 512 to 1,024" in findings.effect_in_words(line, c, 512)
+    assert f"changes by a factor of {c.ratio * 1.1:.3f} from 512 to 1,024" in findings.effect_in_words(line, c, 512)
+
+
+def test_effect_in_words_says_flatness_as_two_sizes_and_their_difference():
+    from posenc_lab.stats import compare_design
+
+    c = compare_design(np.array([0.05, 0.051, 0.049]), np.array([0.01, 0.009, 0.011]), scale="log")
+    flat = claims.Test(claims.Quantity("flatness", "alibi", 2048), claims.Quantity("flatness", "t5", 2048), "<")
+    text = findings.effect_in_words(flat, c, 512, {"alibi": 0.05, "t5": 0.01})
+    assert text == (f"ALiBi's |log growth| to 2,048 is 0.050 against T5's 0.010, a difference of {c.diff:+.3f} "
+                    f"[{c.low:+.3f}, {c.high:+.3f}]")
+    assert "times" not in text  # a ratio of two sizes of log growth is not what the test compares

@@ -44,10 +44,19 @@ $$
 
 Prose inside an exercise counts.
 ```
+
+Prose after a directive counts too.
+
+````{note}
+A note.
+````
+
+Last words.
 """
     got = readability.sentences(text)
     assert got == ["First sentence, e.g. with an abbreviation.", "Second one with X and X!", "A list item",
-                   "Another item.", "With two sentences.", "Prose inside an exercise counts."]
+                   "Another item.", "With two sentences.", "Prose inside an exercise counts.",
+                   "Prose after a directive counts too.", "A note.", "Last words."]
     assert readability.words("Second one with X and X!") == 6
 
 

@@ -1,0 +1,125 @@
+"""The README and the book's landing page: short, in short sentences, their figure where they say, their generated
+parts in step with the committed results, and their code runnable as written."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from posenc_lab import findings, readme
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+INTRO = ROOT / "book" / "intro.md"
+FIGURE = ROOT / "results" / readme.HEADLINE / "figures" / "ppl_vs_length.png"
+sys.path.insert(0, str(ROOT / "book"))
+import readability  # noqa: E402
+
+#: the README's own targets, stricter than the chapters': a newcomer reads it in two minutes
+README_LINES = 150
+README_TARGETS = {"mean": 20.0, "share_over_40": 0.0, "longest": 40}
+IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]+)\)|<img [^>]*src=\"(?P<src>[^\"]+)\"|"
+                   r"^```\{(?:figure|image)\}\s+(?P<directive>\S+)", re.M)
+
+
+def images(path: Path) -> list[tuple[str, str]]:
+    """``(alt, target)`` of every image of a Markdown file: Markdown images, ``<img>`` tags, figure directives."""
+    out = []
+    for m in IMAGE.finditer(path.read_text(encoding="utf-8")):
+        out.append((m.group("alt") or "", m.group("path") or m.group("src") or m.group("directive")))
+    return out
+
+
+def test_readme_is_short():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; the target is {README_LINES}"
+
+
+def test_readme_sentences_are_short():
+    stats = readability.measure(README)
+    assert stats.meets(README_TARGETS), (
+        f"README.md: mean {stats.mean:.1f} words, longest {stats.longest}; targets: mean <= 20, none over 40. "
+        f"Longest: {max(stats.sentences, key=readability.words)}")
+
+
+def test_landing_page_meets_the_chapters_targets():
+    stats = readability.measure(INTRO)
+    assert len(stats.sentences) > 30  # the whole page is measured, not only its first screen
+    assert stats.meets(), f"book/intro.md: mean {stats.mean:.1f}, {100 * stats.share_over_40:.1f} % over 40, " \
+                          f"longest {stats.longest}"
+
+
+@pytest.mark.parametrize("page", [README, INTRO], ids=["README.md", "book/intro.md"])
+def test_every_relative_image_resolves_from_its_page(page):
+    found = images(page)
+    assert found, f"{page.name} shows no figure"
+    for alt, target in found:
+        if re.match(r"[a-z]+://", target):
+            continue
+        assert (page.parent / target).resolve().is_file(), f"{page.name}: {target} is not a file relative to the page"
+    local = [(page.parent / t).resolve() for _, t in found if not re.match(r"[a-z]+://", t)]
+    assert FIGURE.resolve() in local, f"{page.name} does not show the headline figure"
+    assert all(alt.strip() for alt, t in found if (page.parent / t).resolve() == FIGURE.resolve()), "no alt text"
+
+
+def test_readme_relative_links_resolve():
+    text = README.read_text(encoding="utf-8")
+    for target in re.findall(r"(?<!!)\[[^\]]*\]\(([^)\s#]+)\)", text):
+        if not re.match(r"[a-z]+://", target):
+            assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
+
+
+def test_figure_and_findings_come_before_the_chapters():
+    for page, chapters in ((README, "## The book"), (INTRO, "## The chapters")):
+        text = page.read_text(encoding="utf-8")
+        assert text.index("ppl_vs_length.png") < text.index("<!-- findings:start -->") < text.index(chapters)
+
+
+@pytest.mark.parametrize("doc", list(readme.DOCUMENTS))
+def test_generated_blocks_are_the_generators_output(doc):
+    """No hand-typed number: each generated block is what ``python -m posenc_lab.readme`` writes today."""
+    held = readme.generated_blocks((ROOT / doc).read_text(encoding="utf-8"))
+    assert {"run", "findings", "prose"} <= set(held), f"{doc} lacks a generated block"
+    want = readme.blocks(readme.DOCUMENTS[doc])
+    for name, body in held.items():
+        assert body == want[name], f"{doc}: block {name!r} differs from the results: run python -m posenc_lab.readme"
+
+
+def test_findings_block_is_exactly_findings_markdown_of_the_headline_run():
+    held = readme.generated_blocks(README.read_text(encoding="utf-8"))["findings"]
+    assert held == findings.findings_markdown(readme.rows_of(readme.HEADLINE))
+    assert held.count("\n- ") == 10  # the eleven claim parts, one line each
+
+
+def test_headline_run_is_the_better_trained_recipe():
+    """The reason the README gives for showing article-long-b4: the lower mean loss at the training length."""
+    ours, other = readme.mean_loss_at_train_len(readme.HEADLINE), readme.mean_loss_at_train_len(readme.OTHER_RECIPE)
+    assert ours < other
+    assert f"{ours:.3f}" in readme.run_block() and f"{other:.3f}" in readme.run_block()
+
+
+def test_fill_replaces_only_the_blocks_and_refuses_an_unknown_name():
+    text = "intro\n<!-- a:start -->\nold\n<!-- a:end -->\nkept\n<!-- b:start -->\n<!-- b:end -->\n"
+    filled = readme.fill(text, {"a": "new", "b": "two\nlines"})
+    assert filled == ("intro\n<!-- a:start -->\nnew\n<!-- a:end -->\nkept\n"
+                      "<!-- b:start -->\ntwo\nlines\n<!-- b:end -->\n")
+    assert readme.generated_blocks(filled) == {"a": "new", "b": "two\nlines"}
+    assert readme.fill(filled, {"a": "new", "b": "two\nlines"}) == filled
+    with pytest.raises(KeyError, match="no generated block named 'a'"):
+        readme.fill(text, {"b": ""})
+
+
+def test_readme_example_runs_as_written():
+    """The README's "use one encoding in your own model" block, executed alone in a fresh namespace."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", README.read_text(encoding="utf-8"), flags=re.M | re.S)
+    assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 5
+    namespace = {"__name__": "readme"}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    import torch
+
+    from posenc_lab import ALiBi, attention
+
+    q, k, v, out = (namespace[n] for n in ("q", "k", "v", "out"))
+    assert namespace["q_rot"].shape == q.shape and namespace["k_rot"].shape == k.shape
+    assert torch.allclose(out, attention(q, k, v, ALiBi(num_heads=8), backend="reference"), atol=1e-5)
