@@ -219,3 +219,11 @@ def test_effect_in_words_says_flatness_as_two_sizes_and_their_difference():
     assert text == (f"ALiBi's |log growth| to 2,048 is 0.050 against T5's 0.010, a difference of {c.diff:+.3f} "
                     f"[{c.low:+.3f}, {c.high:+.3f}]")
     assert "times" not in text  # a ratio of two sizes of log growth is not what the test compares
+
+
+def test_side_by_side_domains_hold_each_committed_runs_decided_verdicts():
+    """The domains' table of chapter 10 (Python and English prose, the headline recipe) is each run's own."""
+    runs = {name: report.load(ROOT / "results" / name)[0] for name in ("article-long-b4", "prose-long-b4")}
+    side = findings.side_by_side(runs)
+    for name, rows in runs.items():
+        assert side[(name, "verdict")].to_dict() == claims.decided(rows)

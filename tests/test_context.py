@@ -174,6 +174,7 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     assert among.tolist() == [[True] * 3, [False] * 3]
 
 
+@pytest.mark.slow
 def test_context_runner_end_to_end_and_resumes(tmp_path):
     from posenc_lab import experiment
 

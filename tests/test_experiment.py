@@ -93,6 +93,7 @@ def test_bad_evaluation_arguments(tiny_model, kwargs, match):
         evaluate(tiny_model, stream, **args)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_clear_message_and_keeps_last_checkpoint(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
@@ -145,6 +146,7 @@ def ci_run(tmp_path_factory):
     return out, spec, rows
 
 
+@pytest.mark.slow
 def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     out, spec, rows = ci_run
     labels = {(r["encoding"], r["strategy"]) for r in rows}
@@ -167,6 +169,7 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     assert json.loads(first["config"])["preset"] == "ci"
 
 
+@pytest.mark.slow
 def test_report_tables_and_figures(ci_run):
     out, spec, rows = ci_run
     text = report.report(out)
@@ -176,6 +179,7 @@ def test_report_tables_and_figures(ci_run):
         assert (out / "figures" / name).stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_rerun_continues_and_refuses_a_different_experiment(ci_run):
     out, spec, rows = ci_run
     logged = []
@@ -197,6 +201,7 @@ def comparable(rows):
     return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
+@pytest.mark.slow
 def test_a_resumed_unit_counts_the_training_time_of_the_process_before(tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
@@ -262,6 +267,7 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, args, message):
     assert p.returncode == 2 and message in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_article_preset_runs_at_toy_size(tmp_path):
     """The article-cpu preset's configuration (every encoding, three seeds, fine-tune rows for one seed, 512 -> 8192
     shape scaled down 8x, its evaluation text to 4 windows of the longest length, 2 checkpoint evaluations) end to
@@ -285,6 +291,7 @@ def test_article_preset_runs_at_toy_size(tmp_path):
         assert text.startswith("decision rule") and "no data" not in text and "n/a" not in text
 
 
+@pytest.mark.slow
 def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_at_toy_size(tmp_path):
     """Issue 20: article-long is article-cpu's model, recipe and evaluation with at least 4x its training tokens
     (the schedule stretched alike), for the article's encodings, three seeds, 16 checkpoint evaluations; end to end
@@ -315,6 +322,7 @@ def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_
     assert "1: a (worse at training length)" in table.index
 
 
+@pytest.mark.slow
 def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     """A length and a sliding stride added after a run: exactly the rows a fresh run of the larger spec makes,
     from the kept weights, without training; and every way the two specs may not differ is refused."""
@@ -368,6 +376,7 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
         experiment.extend(after, tmp_path / "none", **quiet)
 
 
+@pytest.mark.slow
 def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch):
     """An extension cut short leaves config.json naming the spec it extends to: run refuses the folder, extend
     with another spec refuses, extend with the same spec finishes, and the result equals an uninterrupted one.
@@ -418,6 +427,7 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     assert {p: p.read_bytes() for p in (tmp_path / "cut").rglob("*") if p.is_file()} == snapshot
 
 
+@pytest.mark.slow
 def test_cli_extend(tmp_path):
     args = ["run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--modes", "nonoverlapping",
             "--no-report", "--no-progress", "--out", str(tmp_path)]
@@ -428,6 +438,7 @@ def test_cli_extend(tmp_path):
         (tmp_path / "units" / "nope-s0.json").read_text())
 
 
+@pytest.mark.slow
 def test_cli_out_defaults_to_runs_preset(tmp_path):
     p = cli("run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--eval-lengths", "64", "--no-report",
             "--no-progress", cwd=tmp_path)
@@ -442,6 +453,7 @@ def test_cli_help_explains_every_option():
         assert option in out
 
 
+@pytest.mark.slow
 def test_cli_jobs_runs_units_side_by_side_and_matches_one_process(tmp_path):
     """--jobs runs each unit in its own process on the shared folder; the table equals a one-process run's."""
     args = ["run", "--preset", "ci", "--encodings", "nope,alibi", "--seeds", "0", "--steps", "3",
@@ -462,6 +474,7 @@ def test_cli_jobs_runs_units_side_by_side_and_matches_one_process(tmp_path):
             assert x[k] == pytest.approx(y[k], rel=1e-6) if isinstance(x[k], float) else x[k] == y[k], k
 
 
+@pytest.mark.slow
 def test_cli_unit_runs_only_that_unit_and_refuses_a_bad_one(tmp_path):
     args = ["run", "--preset", "ci", "--encodings", "nope,alibi", "--steps", "2", "--eval-lengths", "64",
             "--modes", "nonoverlapping", "--no-report", "--no-progress", "--out", str(tmp_path)]

@@ -146,6 +146,7 @@ def test_a_weight_decayed_t5_table_would_shrink_and_ours_does_not():
     torch.testing.assert_close(table.detach(), before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["t5", "kerple", "fire"])
 def test_query_blocks_of_a_learned_bias_train_as_one_block(encoding, monkeypatch):
     """Issue 21's default-on lever: the learned biases' blocked explicit path gives the losses of the whole

@@ -93,6 +93,7 @@ def test_loss_is_on_the_answer_only():
     torch.testing.assert_close(model.loss(x, y), losses[:, -4:].mean())
 
 
+@pytest.mark.slow
 def test_retrieval_runs_every_encoding_end_to_end_and_resumes(tmp_path):
     spec = retrieval.retrieval_preset("retrieval-ci")
     rows = retrieval.run(spec, tmp_path, progress=False, log=lambda *a: None)
@@ -342,6 +343,7 @@ def test_the_multikey_form_is_recorded_with_the_run():
     assert window[-6:-5] == b"?" and window[-5:-4] == window[at : at + 1] and window[-4:] == window[at + 1 : at + 5]
 
 
+@pytest.mark.slow
 def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     from posenc_lab.__main__ import main
 
@@ -362,6 +364,7 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
 
 
+@pytest.mark.slow
 def test_the_answer_digits_script_reads_a_run_byte_by_byte(tmp_path):
     import subprocess
     import sys

@@ -1,0 +1,102 @@
+"""Every holds and fails of the committed headline runs, recomputed from their results.csv with plain numpy and
+scipy on the log scale (paired t-tests over the seeds, one-sample tests against a line, Holm within a claim part,
+the symmetric 1 % floor), against the package's verdict table: the generated per-run READMEs print that table."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from posenc_lab import report
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOOR, ALPHA, L, N = math.log(1.01), 0.05, 512, 2048
+RUNS = ("article-long-b4", "article-long", "prose-long-b4", "prose-long")
+
+
+def lv(df, mode, name, n):
+    c = df[(df.eval_mode == mode) & (df.label == name) & (df.eval_len == n)].set_index("seed")["loss"]
+    return c.sort_index()
+
+
+def lg(df, mode, name, n):
+    return lv(df, mode, name, n) - lv(df, mode, name, L)
+
+
+def ttest(a, b):
+    """(diff, p): paired when b is a Series, one-sample when a number."""
+    if isinstance(b, float):
+        return a.mean() - b, stats.ttest_1samp(a, b).pvalue
+    return (a - b).mean(), stats.ttest_rel(a, b).pvalue
+
+
+def holm(p):
+    p = np.asarray(p, float)
+    order = np.argsort(p)
+    out, run = np.empty(len(p)), 0.0
+    for k, i in enumerate(order):
+        run = max(run, min(1.0, (len(p) - k) * p[i]))
+        out[i] = run
+    return out
+
+
+def judge(tests):
+    if not tests:
+        return "no data"
+    diffs, ps, wants = zip(*tests)
+    against = [(d < 0) != (w == "<") for d, w in zip(diffs, wants)]
+    adj = holm(ps)
+    if any(bad and q < ALPHA and abs(d) >= FLOOR for bad, q, d in zip(against, adj, diffs)):
+        return "fails"
+    if all(not bad and p < ALPHA and abs(d) >= FLOOR for bad, p, d in zip(against, ps, diffs)):
+        return "holds"
+    return "not resolved"
+
+
+def parts(df, mode):
+    runs = sorted(x for x in set(df[(df.eval_mode == mode) & (df.eval_len == N)].label) if lv(df, mode, x, N).notna().all())
+    encs = [x for x in runs if not x.startswith("rope/") or x == "rope/none"]
+    t = lambda a, b, w: (*ttest(a, b), w)  # noqa: E731
+    out = {"1: a (worse at training length)": [t(lv(df, mode, "alibi", L), lv(df, mode, "rope/none", L), ">")],
+           "1: b (most stable)": [t(lg(df, mode, "alibi", N).abs(), lg(df, mode, c, N).abs(), "<") for c in encs if c != "alibi"]}
+    rivals = [s for s in runs if s not in ("rope/ntk", "rope/dynamic-ntk")]
+    for name, key in (("rope/ntk", "ntk"), ("rope/dynamic-ntk", "dynamic-ntk")):
+        out[f"2: {key} most accurate"] = [t(lv(df, mode, name, N), lv(df, mode, s, N), "<") for s in rivals]
+    out["2: yarn most accurate (ours)"] = [t(lv(df, mode, "rope/yarn", N), lv(df, mode, s, N), "<") for s in runs if s != "rope/yarn"]
+    out["3: worse than RoPE"] = [t(lg(df, mode, "t5", N), lg(df, mode, "rope/none", N), ">")]
+    out["3: worse than ALiBi"] = [t(lg(df, mode, "t5", N), lg(df, mode, "alibi", N), ">")]
+    brk = math.log(1.10)
+    out["ordering: sinusoidal breaks first"] = [t(lg(df, mode, "sinusoidal", 1024), brk, ">")] + [
+        t(lg(df, mode, "sinusoidal", 1024), lg(df, mode, o, 1024), ">") for o in ("rope/none", "t5", "alibi")]
+    out["ordering: then rotary"] = [t(lg(df, mode, "rope/none", N), brk, ">"), t(lg(df, mode, "rope/none", 1024), lg(df, mode, "sinusoidal", 1024), "<")]
+    out["ordering: T5 holds to 2x"] = [t(lg(df, mode, "t5", 1024), brk, "<")]
+    out["ordering: ALiBi stays flat"] = [t(lg(df, mode, "alibi", n), brk, "<") for n in (1024, 2048)]
+    return out
+
+
+
+def independent(df):
+    """Each claim part's verdict per mode, and decided from both modes as one family."""
+    modes = {m: parts(df, m) for m in ("sliding", "nonoverlapping")}
+    mine = {(claim, mode): judge(tests) for mode, claims in modes.items() for claim, tests in claims.items()}
+    for claim in modes["sliding"]:
+        mine[(claim, "both modes")] = judge(modes["sliding"][claim] + modes["nonoverlapping"][claim])
+    return mine
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_verdict_agrees_with_an_independent_log_scale_t_test(run):
+    df = pd.read_csv(ROOT / "results" / run / "results.csv", keep_default_na=False, na_values=[""])
+    df["label"] = np.where(df.strategy == "-", df.encoding, df.encoding + "/" + df.strategy)
+    table = report.verdict_table(report.load(ROOT / "results" / run)[0])
+    mine = independent(df)
+    disagree = {}
+    for (claim, mode), v in mine.items():
+        theirs = table.loc[claim, (mode, N)]
+        theirs = theirs if theirs in ("holds", "fails", "no data") else "not resolved"
+        if theirs != v:
+            disagree[(claim, mode)] = (v, theirs)
+    assert len(mine) == 33 and not disagree, disagree
