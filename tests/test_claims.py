@@ -1,31 +1,20 @@
 """The article's claims as tests of log-scale quantities, on synthetic rows with known answers."""
 
 import math
-import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
-
-from pathlib import Path
+import tables
+from tables import LENGTHS
 
 from posenc_lab import claims, findings, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LENGTHS = (128, 256, 512)
 
-
-def rows_from(table: dict, seeds=(0, 1, 2), mode="nonoverlapping", noise=0.004):
-    rows = []
-    for name, values in table.items():
-        enc, _, strategy = name.partition("/")
-        for seed in seeds:
-            for length, ppl in zip(LENGTHS, values):
-                # a small noise of its own for every cell, so that paired differences have a spread
-                bump = 0.01 * seed + noise * np.random.default_rng(zlib.crc32(f"{name}{seed}{length}".encode())).standard_normal()
-                rows.append({"encoding": enc, "strategy": strategy or "-", "seed": seed, "eval_len": length,
-                             "eval_mode": mode, "train_len": 128, "perplexity": ppl + bump if ppl == ppl else ppl})
-    return rows
+def rows_from(table: dict, seeds=(0, 1, 2), **kw):
+    return tables.rows_from(table, seeds, **kw)
 
 
 ARTICLE_WORLD = {  # a world where every claim holds
