@@ -182,15 +182,9 @@ def fire_input(q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, thresh
     ``eps`` (:data:`FIRE_EPS`) keeps the quotient finite when ``c`` underflows to 0; for the trained
     ``c`` and ``L~`` of our runs, ``psi(L~)`` is above 1 and ``eps`` changes the input by under 1e-6.
     """
-    return fire_normalised(rearrange(q_pos, "i -> i 1"), distances(q_pos, k_pos), c, threshold, eps)
-
-
-def fire_normalised(i: torch.Tensor, d: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor,
-                    eps: float = FIRE_EPS) -> torch.Tensor:
-    """:func:`fire_input` for query positions ``i`` and distances ``d = i - j`` that broadcast (a pair at a time in a
-    FlexAttention ``score_mod``); negative distances (future keys) read as 0."""
-    d = d.clamp(min=0).to(c.dtype)
-    return torch.log1p(c * d) / (torch.log1p(c * torch.maximum(threshold, i.to(c.dtype))) + eps)
+    d = distances(q_pos, k_pos).clamp(min=0).to(c.dtype)
+    i = rearrange(q_pos, "i -> i 1").to(c.dtype)
+    return torch.log1p(c * d) / (torch.log1p(c * torch.maximum(threshold, i)) + eps)
 
 
 class FIRE(nn.Module):

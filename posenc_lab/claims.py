@@ -108,7 +108,7 @@ def claim_1b_tests(df, mode: str, judged_len: int, reading: str = "flatness") ->
 
     The article says ALiBi "在外推中表现最稳定" ("performs most stably in extrapolation"). Stable means its
     perplexity changes least with length, in either direction, so the book's reading (``"flatness"``) compares
-    the size of the log growth, |log(ppl(L') / ppl(L))|. The other reading (``"growth"``) compares the signed log
+    the size of the log growth, ``|log(ppl(L') / ppl(L))|``. The other reading (``"growth"``) compares the signed log
     growth, "degrades least"; it rewards a perplexity that falls with length, which in non-overlapping windows is
     partly a scoring effect (later windows' bytes see more context on average), not the encoding."""
     _, _, _, n, _, encodings = _setting(df, mode, judged_len)

@@ -771,7 +771,7 @@ class Fire(_BiasEncoding):
 
         def fire(score, b, h, q_idx, kv_idx):
             i, j = positions(q_idx, kv_idx)
-            return score + self.fire.mlp(bias.fire_normalised(i, i - j, c, threshold).reshape(1))[h]
+            return score + self.fire.mlp(bias.fire_input(i.reshape(1), j.reshape(1), c, threshold).reshape(1))[h]
 
         return fire
 

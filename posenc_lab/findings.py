@@ -85,7 +85,7 @@ def effect_in_words(test: Test, cmp: Comparison, train: int, means: dict | None 
     """One comparison as a reader says it: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``.
 
     A flatness test (the size of the log growth) is said as the two sizes and their difference (``means``: the
-    mean |log growth| of each label); a test against a line as the growth factor and the line."""
+    mean ``|log growth|`` of each label); a test against a line as the growth factor and the line."""
     low, high = cmp.interval
     a = test.a
     if not isinstance(test.b, Quantity):  # a one-sample test of a growth against a line
