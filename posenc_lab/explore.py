@@ -67,11 +67,12 @@ def rope_wavelengths(*, dim: int = 32, train_len: int = 512, factor: float = 4.0
                                             factor=None if strategy == "none" else factor)
             group.append(len(fig.data))
             fig.add_trace(go.Scatter(x=list(range(dim // 2)), y=rope.wavelengths(freqs).tolist(), mode="lines+markers",
-                                     name=strategy, legendgroup=strategy))
+                                     name="RoPE" if strategies == ("none",) else strategy, legendgroup=strategy))
         groups.append(group)
     for length, text in ((train_len, "L"), (factor * train_len, f"{factor:g} L")):
         fig.add_hline(y=length, line_dash="dot", line_color="grey", annotation_text=text)
-    fig.update_layout(title=f"wavelength of each pair, d = {dim}, strategies at s = {factor:g}",
+    scaled = [name for name in strategies if name != "none"]
+    fig.update_layout(title=f"wavelength of each pair, d = {dim}" + (f", strategies at s = {factor:g}" if scaled else ""),
                       xaxis_title="pair i (fast to slow)", yaxis_title="wavelength (positions)", yaxis_type="log",
                       height=460, margin={"l": 60, "r": 20, "t": 60, "b": 40})
     return _slider(fig, [f"{b:,}" for b in bases], groups, "base b = ", active=bases.index(10_000) if 10_000 in bases else 0)
@@ -125,16 +126,32 @@ def t5_buckets(*, bucket_counts=(8, 16, 32, 64), max_distances=(32, 128, 512), l
                    active=bucket_counts.index(32) if 32 in bucket_counts else 0)
 
 
-def html(fig, name: str, *, with_library: bool = False) -> str:
-    """The figure as a ``<div id=name>`` and a script that draws it with the page's ``Plotly``; with
-    ``with_library``, :func:`library` comes first. Where the page has no ``Plotly``, the div says so in one line
-    (no CDN is tried). Deterministic: the same figure gives the same text (``name`` is the div's id)."""
+def alt_text(fig) -> str:
+    """The figure's text for readers who cannot see it: its title, its axes and its slider."""
+    layout = fig.layout
+    parts = [f"Interactive figure: {layout.title.text or 'untitled'}"]
+    if layout.xaxis.title.text and layout.yaxis.title.text:
+        parts.append(f"{layout.yaxis.title.text} against {layout.xaxis.title.text}")
+    if layout.sliders:
+        parts.append(f"a slider sets {layout.sliders[0].currentvalue.prefix.strip(' =:')}")
+    return "; ".join(parts) + "."
+
+
+def html(fig, name: str, *, with_library: bool = False, alt: str | None = None) -> str:
+    """The figure as a ``<div id=name>`` (an image to assistive technology, labelled ``alt`` or
+    :func:`alt_text`) and a script that draws it with the page's ``Plotly``; with ``with_library``,
+    :func:`library` comes first. Where the page has no ``Plotly``, the div says so in one line (no CDN is
+    tried). Deterministic: the same figure gives the same text (``name`` is the div's id)."""
+    import html as markup
+
     import plotly.io as pio
 
     spec = json.loads(pio.to_json(fig, validate=True, pretty=False))
     payload = json.dumps({"data": spec["data"], "layout": spec["layout"]}, sort_keys=True)
+    label = markup.escape(alt or alt_text(fig), quote=True)
     return ((library() if with_library else "")
-            + f'<div id="{name}" class="posenc-explore" style="width:100%;min-height:460px"></div>\n'
+            + f'<div id="{name}" class="posenc-explore" role="img" aria-label="{label}" '
+            f'style="width:100%;min-height:460px"></div>\n'
             f'<script>(function () {{\n'
             f'  var spec = {payload};\n'
             f'  if (window.Plotly) {{ Plotly.newPlot("{name}", spec.data, spec.layout, {{responsive: true}}); }}\n'
@@ -143,7 +160,7 @@ def html(fig, name: str, *, with_library: bool = False) -> str:
             f'}})();</script>')
 
 
-def show(fig, name: str) -> None:
+def show(fig, name: str, *, alt: str | None = None) -> None:
     """Display ``fig`` in a notebook: plotly's own renderer on Colab, :func:`html` everywhere else. The first
     figure shown in a kernel carries plotly.js (:func:`library`); the later ones use that copy."""
     global _library_shown
@@ -152,5 +169,5 @@ def show(fig, name: str) -> None:
         return
     from IPython.display import HTML, display
 
-    display(HTML(html(fig, name, with_library=not _library_shown)))
+    display(HTML(html(fig, name, with_library=not _library_shown, alt=alt)))
     _library_shown = True

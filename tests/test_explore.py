@@ -1,5 +1,6 @@
 """The explorable figures (issue 24): the numbers are the package's formulas, the sliders switch settings."""
 
+import html as html_text
 import json
 import math
 
@@ -70,3 +71,17 @@ def test_show_embeds_plotly_js_in_the_first_figure_of_a_kernel_only(monkeypatch)
     explore.show(explore.alibi_windows(head_counts=(4,)), "fig-c")
     assert len(shown) == 2 and '<div id="fig-b"' in shown[0].data and '<div id="fig-c"' in shown[1].data
     assert [explore.LIBRARY_MARK in s.data for s in shown] == [True, False]
+
+
+def test_an_explorable_figure_is_an_image_with_alt_text():
+    fig = explore.t5_buckets()
+    text = explore.html(fig, "fig-x")
+    assert 'role="img"' in text and f'aria-label="{html_text.escape(explore.alt_text(fig))}"' in text
+    assert explore.alt_text(fig) == ("Interactive figure: T5's bucket of each distance (causal); bucket against "
+                                     "distance m - n + 1; a slider sets buckets.")
+    assert 'aria-label="a &quot;quoted&quot; label"' in explore.html(fig, "fig-y", alt='a "quoted" label')
+
+
+def test_plain_rope_wavelengths_name_no_strategy():
+    fig = explore.rope_wavelengths(dim=32, train_len=512, strategies=("none",))
+    assert "strategies" not in fig.layout.title.text and {t.name for t in fig.data} == {"RoPE"}
