@@ -11,8 +11,8 @@ import math
 
 import pandas as pd
 
-from .claims import Quantity, Test, claims, decided, values
-from .stats import ALPHA, Comparison, frame, holm
+from .claims import Quantity, Test, claims, values
+from .stats import ALPHA, Comparison, frame, holm, verdict
 
 
 
@@ -26,25 +26,41 @@ def deciding(pairs: list) -> tuple:
     return max(pairs, key=lambda tc: (-1 if math.isnan(tc[1].p) else tc[1].p))
 
 
+def pooled_comparisons(rows, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
+                       alpha: float = ALPHA) -> dict[str, list]:
+    """Each claim part's comparisons in every mode, judged once: ``{part: [(Test, Comparison, mode), ...]}``, the
+    family :func:`~posenc_lab.claims.decided` decides a part in."""
+    pooled: dict[str, list] = {}
+    for mode in modes:
+        for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
+            for part, pairs in c["comparisons"].items():
+                pooled.setdefault(f"{c['id']}: {part}", []).extend((t, cmp, mode) for t, cmp in pairs)
+    return pooled
+
+
+def _rests_on(triples: list) -> tuple:
+    """The ``(Test, Comparison, mode)`` a part's verdict rests on (:func:`deciding`) and its index in ``triples``."""
+    t, cmp = deciding([(t, c) for t, c, _ in triples])
+    k = next(i for i, (_, c, _) in enumerate(triples) if c is cmp)
+    return triples[k], k
+
+
 def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
                  alpha: float = ALPHA) -> pd.DataFrame:
     """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict
-    decided from both modes (:func:`~posenc_lab.claims.decided`) and the comparison it rests on (:func:`deciding`, over both modes'
-    comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then ``same verdict`` across the runs."""
+    decided from both modes (as :func:`~posenc_lab.claims.decided`: one family) and the comparison it rests on
+    (:func:`deciding`, over both modes' comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then
+    ``same verdict`` across the runs."""
     table = {}
     for name, rows in runs.items():
-        table[(name, "verdict")] = decided(rows, modes=modes, judged_len=judged_len, alpha=alpha)
-        pooled: dict[str, list] = {}
-        for mode in modes:
-            for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
-                for part, pairs in c["comparisons"].items():
-                    pooled.setdefault(f"{c['id']}: {part}", []).extend((t, cmp, mode) for t, cmp in pairs)
+        pooled = pooled_comparisons(rows, judged_len=judged_len, modes=modes, alpha=alpha)
+        table[(name, "verdict")] = {part: verdict([(c, t.want) for t, c, _ in triples])
+                                    for part, triples in pooled.items()}
         effects = {}
-        for claim, triples in pooled.items():
-            t, cmp = deciding([(t, c) for t, c, _ in triples])
-            mode = next(m for tt, c, m in triples if c is cmp)
+        for part, triples in pooled.items():
+            (t, cmp, mode), _ = _rests_on(triples)
             against = t.b.label if isinstance(t.b, Quantity) else f"{t.b:g}"
-            effects[claim] = f"{t.a.label} / {against} = {cmp.reading()} ({mode})"
+            effects[part] = f"{t.a.label} / {against} = {cmp.reading()} ({mode})"
         table[(name, "rests on")] = effects
     side = pd.DataFrame(table)
     side.columns = pd.MultiIndex.from_tuples(side.columns)
@@ -106,20 +122,15 @@ def findings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict
     claim part's comparisons in both modes, the family the verdict is decided in) and ``mode``."""
     df = frame(rows)
     train = int(df["train_len"].iloc[0])
-    side = side_by_side({"run": rows}, judged_len=judged_len, alpha=alpha)
     out = []
-    for part in side.index:
-        pooled = [(t, c, mode) for mode in ("sliding", "nonoverlapping")
-                  for cl in claims(rows, mode, judged_len=judged_len, alpha=alpha)
-                  for p_, pairs in cl["comparisons"].items() if f"{cl['id']}: {p_}" == part for t, c in pairs]
-        t, cmp = deciding([(t, c) for t, c, _ in pooled])
-        k = next(i for i, (_, c, _) in enumerate(pooled) if c is cmp)
-        mode = pooled[k][2]
+    for part, triples in pooled_comparisons(rows, judged_len=judged_len, alpha=alpha).items():
+        (t, cmp, mode), k = _rests_on(triples)
         means = ({q.label: float(values(df, mode, q).mean()) for q in (t.a, t.b)}
                  if t.a.kind == "flatness" else None)
-        out.append({"part": part, "claim": STATEMENTS.get(part, part), "verdict": side.loc[part, ("run", "verdict")],
+        out.append({"part": part, "claim": STATEMENTS.get(part, part),
+                    "verdict": verdict([(c, t_.want) for t_, c, _ in triples]),
                     "effect": effect_in_words(t, cmp, train, means), "p": cmp.p,
-                    "p_holm": holm([c.p for _, c, _ in pooled])[k], "mode": mode})
+                    "p_holm": holm([c.p for _, c, _ in triples])[k], "mode": mode})
     return out
 
 
