@@ -233,6 +233,7 @@ def main(argv=None) -> int:
         print(f"posenc-lab: error: {err}", file=sys.stderr)
         return 2
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what --jobs hands each unit's process
     from . import distributed, experiment, report
 
     try:
@@ -277,8 +278,9 @@ def _unit(text: str) -> tuple[str, int]:
     return encoding, int(seed)
 
 
-def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
-    """Each unit in its own ``python -m posenc_lab`` process with this command's arguments, ``jobs`` at a time.
+def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path, argv: list[str]) -> None:
+    """Each unit in its own ``python -m posenc_lab`` process with this command's arguments ``argv``, ``jobs`` at
+    a time.
 
     The processes share ``out`` (each writes its own unit file), and a unit already finished is skipped as
     always; the command then goes on to write the tables. A failed unit is named with its log; the others run on.
@@ -291,7 +293,7 @@ def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
     waiting, running, failed = list(units), {}, []
     try:
-        _pool(waiting, running, failed, jobs, logs, env)
+        _pool(waiting, running, failed, jobs, logs, env, argv)
     except KeyboardInterrupt:  # stop every unit cleanly: each keeps its last training checkpoint and resumes
         for proc, _, _ in running.values():
             proc.send_signal(signal.SIGINT)
@@ -302,7 +304,7 @@ def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path) -> None:
         raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
 
 
-def _pool(waiting, running, failed, jobs, logs, env) -> None:
+def _pool(waiting, running, failed, jobs, logs, env, argv) -> None:
     import subprocess
     import time
 
@@ -310,9 +312,9 @@ def _pool(waiting, running, failed, jobs, logs, env) -> None:
         while waiting and len(running) < jobs:
             encoding, seed = waiting.pop(0)
             log = logs / f"{encoding}-s{seed}.log"
-            argv = [sys.executable, "-m", "posenc_lab", *sys.argv[1:], "--unit", f"{encoding}:{seed}", "--jobs", "1",
-                    "--no-report", "--no-progress"]
-            running[(encoding, seed)] = (subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT,
+            command = [sys.executable, "-m", "posenc_lab", *argv, "--unit", f"{encoding}:{seed}", "--jobs", "1",
+                       "--no-report", "--no-progress"]
+            running[(encoding, seed)] = (subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                                           env=env), time.time(), log)
         time.sleep(1)
         for unit, (proc, start, log) in list(running.items()):
@@ -388,13 +390,14 @@ def _command(args, experiment, report) -> int:
         return 0
     overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                  if f.name not in ("preset", "notes")}
-    spec = experiment.preset(args.preset, **_asked(args, experiment.preset(args.preset), overrides))
+    base = experiment.preset(args.preset)
+    spec = experiment.preset(args.preset, **_asked(args, base, overrides))
     out = args.out or f"runs/{args.preset}"
     if args.extend:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
     else:
         if args.jobs > 1:
-            _run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out))
+            _run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out), args.argv)
         experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress,
                        only=args.units)
     if not args.no_report and distributed.is_main():

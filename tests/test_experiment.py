@@ -483,3 +483,13 @@ def test_cli_unit_runs_only_that_unit_and_refuses_a_bad_one(tmp_path):
     p = cli(*args, "--unit", "alibi")
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2 and "is not ENCODING:SEED" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_jobs_from_main_hand_the_units_the_arguments_given_to_main(tmp_path, capsys):
+    """main(argv) with --jobs: each unit's process gets ``argv``, not the calling program's own command line."""
+    args = ["run", "--preset", "ci", "--encodings", "nope", "--seeds", "0,1", "--steps", "2", "--eval-lengths", "64",
+            "--modes", "nonoverlapping", "--no-report", "--no-progress", "--jobs", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "nope:0 done" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "units").iterdir()) == ["nope-s0.json", "nope-s1.json"]
