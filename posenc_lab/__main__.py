@@ -202,7 +202,11 @@ def parser() -> argparse.ArgumentParser:
     ctx.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     ctx.add_argument("--corpus", help="where to read the run's corpus (as run's --corpus) when it is not this "
                                       "machine's default; its SHA-256 must match the run's")
+    ctx.add_argument("--unit", dest="units", action="append", type=_unit, metavar="ENCODING:SEED",
+                     help="measure only this trained model (repeatable); processes that share --out can split the work")
+    ctx.add_argument("--jobs", type=int, default=1, help="units measured at once, each in its own process")
     ctx.add_argument("--no-progress", action="store_true")
+    ctx.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
     rep = sub.add_parser("report", help="tables and figures of a run folder")
     rep.add_argument("folder")
@@ -304,9 +308,24 @@ def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path, argv: list[str
         raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
 
 
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` without ``options`` and their values (``--unit X`` and ``--unit=X`` alike)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not arg.startswith(tuple(o + "=" for o in options)):
+            kept.append(arg)
+    return kept
+
+
 def _pool(waiting, running, failed, jobs, logs, env, argv) -> None:
     import subprocess
     import time
+
+    argv = _without(argv, ("--unit", "--jobs"))  # each process gets its one unit
 
     while waiting or running:
         while waiting and len(running) < jobs:
@@ -382,8 +401,12 @@ def _command(args, experiment, report) -> int:
         if not spec.run:
             raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
         out = args.out or f"runs/{args.preset}"
-        context.run(spec, out, device=args.device, progress=not args.no_progress, corpus=args.corpus)
-        print(context.report(out))
+        if args.jobs > 1:
+            _run_jobs(args.units or context.units_of(spec), args.jobs, Path(out), args.argv)
+        context.run(spec, out, device=args.device, progress=not args.no_progress, corpus=args.corpus,
+                    only=args.units)
+        if not args.no_report:
+            print(context.report(out))
         return 0
     if args.command == "report":
         print(_report(args.folder, figures=not args.no_figures))

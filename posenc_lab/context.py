@@ -379,10 +379,12 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
                                    notes="context-long's measurements on the article-long-b4 models, no retraining"),
     "context-prose-long-b4": ContextSpec(preset="context-prose-long-b4", run="prose-long-b4",
                                          encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
-                                         notes="context-long's measurements on the prose-long-b4 models"),
+                                         passkey_multiples=(),
+                                         notes="context-long's gain and streams on the prose-long-b4 models; no "
+                                               "passkey (it plants a Python assignment, and prose has none)"),
     "context-prose-long": ContextSpec(preset="context-prose-long", run="prose-long",
-                                      encodings=("nope", "sinusoidal", "rope", "alibi", "t5"),
-                                      notes="context-long's measurements on the prose-long models"),
+                                      encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), passkey_multiples=(),
+                                      notes="context-long's gain and streams on the prose-long models; no passkey"),
     "context-variants": ContextSpec(preset="context-variants", run="variants-cpu",
                                     encodings=("rope", "rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope",
                                                "rope-random", "learned-random"),
@@ -524,11 +526,19 @@ def write_tables(out: Path, gains: list[dict], keys: list[dict], streams: list[d
         write_atomic(out / f"{name}.json", json.dumps(rows, indent=1))
 
 
+def units_of(spec: ContextSpec) -> list[tuple[str, int]]:
+    """The ``(encoding, seed)`` units of ``spec`` that its run trained, seed-major."""
+    trained = _load_run(spec)[0]["spec"]["encodings"]
+    return [(e, s) for s in spec.seeds for e in spec.encodings if e in trained]
+
+
 def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progress: bool = True,
-        corpus: str | None = None, log=print) -> tuple[list[dict], list[dict]]:
-    """Every unit of ``spec`` not yet finished in ``out`` (resumable per trained model); returns the gain and
-    passkey rows of the whole experiment. ``corpus`` loads the run's corpus from elsewhere (``stdlib:PATH``, a
-    folder); its SHA-256 must be the one the run recorded."""
+        corpus: str | None = None, only: list[tuple[str, int]] | None = None,
+        log=print) -> tuple[list[dict], list[dict]]:
+    """Every unit of ``spec`` not yet finished in ``out`` (resumable per trained model), or only the units in
+    ``only`` (processes that share ``out`` split the work); returns the gain and passkey rows of every finished
+    unit. ``corpus`` loads the run's corpus from elsewhere (``stdlib:PATH``, a folder); its SHA-256 must be the
+    one the run recorded."""
     from . import __version__
     from .data import evaluation_text, load_corpus
     from .experiment import Spec, collect, git_commit, prepare, resolve_device, run_units
@@ -548,11 +558,16 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     if spec.sink_encodings and max(spec.sink_counts, default=0) >= run_spec.train_len:
         raise PosencError(f"the sink counts {spec.sink_counts} must be below the training length {run_spec.train_len}")
     text = evaluation_text(corpus, run_spec.eval_tokens, context=run_spec.eval_context())
-    passkey = PasskeyText([body for _, body in corpus.documents["test"]])
+    passkey = PasskeyText([body for _, body in corpus.documents["test"]]) if spec.passkey_multiples else None
     prepare(out, {"spec": spec.to_dict(), "trained": config["spec"], "corpus": corpus.describe(),
                   "evaluation_text": text.describe()})
     common = {"run": spec.run, "git_commit": git_commit(), "posenc_lab": __version__, "torch": torch.__version__}
     units = [(e, s) for s in spec.seeds for e in spec.encodings if e in run_spec.encodings]
+    if only is not None:
+        unknown = sorted(set(only) - set(units))
+        if unknown:
+            raise PosencError(f"units {unknown} are not in this experiment's {units}")
+        units = [u for u in units if u in only]
     run_units(out, units, lambda e, s: run_context_unit(spec, e, s, load, run_spec.train_len, text, passkey, device,
                                                           progress, common),
               after_each=lambda o: write_tables(o, collect(o), collect(o, "passkey"), collect(o, "stream")), log=log)

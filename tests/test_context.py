@@ -226,6 +226,45 @@ def test_context_runner_end_to_end_and_resumes(tmp_path):
     assert {(r["encoding"], r["strategy"], r["eval_len"]): r.get("gain") for r in gains_alone} == by_label
 
 
+@pytest.mark.slow
+def test_context_jobs_split_the_units_and_match_one_process(tmp_path, capsys):
+    """context --jobs measures each trained model in its own process on one folder; --unit measures one."""
+    import json
+
+    from posenc_lab import experiment
+    from posenc_lab.__main__ import main
+
+    trained = tmp_path / "trained"
+    experiment.run(experiment.preset("ci", encodings=("rope", "alibi")), trained, progress=False, log=lambda *a: None)
+    args = ["context", "--preset", "context-ci", "--run", str(trained), "--encodings", "rope,alibi", "--no-progress",
+            "--no-report"]
+    assert main([*args, "--jobs", "2", "--out", str(tmp_path / "jobs")]) == 0
+    assert "rope:0 done" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "jobs" / "units").iterdir()) == ["alibi-s0.json", "rope-s0.json"]
+    assert main([*args, "--unit", "alibi:0", "--out", str(tmp_path / "one")]) == 0
+    assert [p.name for p in (tmp_path / "one" / "units").iterdir()] == ["alibi-s0.json"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0  # the rest, resumed in this process
+    a, b = (json.loads((tmp_path / d / "gain.json").read_text()) for d in ("jobs", "one"))
+    assert [(r["encoding"], r["strategy"], r["eval_len"]) for r in a] == [(r["encoding"], r["strategy"], r["eval_len"])
+                                                                          for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x["gain"] == pytest.approx(y["gain"], rel=1e-5, abs=1e-7)
+    assert main([*args, "--unit", "t5:0", "--out", str(tmp_path / "bad")]) == 2
+    assert "not in this experiment" in capsys.readouterr().err
+
+
+def test_each_job_gets_its_own_unit_only():
+    from posenc_lab.__main__ import _without
+
+    argv = ["context", "--unit", "rope:0", "--jobs", "4", "--unit=t5:1", "--seeds", "0"]
+    assert _without(argv, ("--unit", "--jobs")) == ["context", "--seeds", "0"]
+
+
+def test_the_prose_context_presets_plant_no_python_passkey():
+    for name in ("context-prose-long-b4", "context-prose-long"):
+        assert cx.context_preset(name).passkey_multiples == ()
+
+
 @pytest.mark.parametrize("name", ["context-long", "context-variants"])
 def test_the_context_presets_of_other_runs_measure_only_that_runs_encodings(name):
     from posenc_lab import experiment
