@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-variants results-variants benchmarks-cpu clean
+.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -94,13 +94,21 @@ results-context: env
 define context_on
 	mkdir -p runs/$(1)/models
 	test -f runs/$(1)/config.json || cp -r results/$(1)/. runs/$(1)/
-	$(PY) -m posenc_lab context --preset $(2) --run runs/$(1) --out runs/$(2)
+	$(PY) -m posenc_lab context --preset $(2) --run runs/$(1) --out runs/$(2) $(3)
 	rm -rf results/$(2) && mkdir -p results/$(2) && \
 	  cp -r runs/$(2)/*.csv runs/$(2)/*.json runs/$(2)/units results/$(2)/
 endef
 
 results-context-long: env
 	$(call context_on,article-long,context-long)
+
+# the same on the headline's models (article-long-b4) and on the prose models (prose-long-b4, no passkey); every
+# seed's weights in runs/<run>/models, which make results-long-b4 / results-prose leave there. On one H200 with
+# JOBS=15 the two took 5 minutes side by side
+results-context-long-b4: env
+	$(call context_on,article-long-b4,context-long-b4,--jobs $(JOBS))
+results-context-prose: env corpus-prose
+	$(call context_on,prose-long-b4,context-prose-long-b4,--jobs $(JOBS) --corpus prose:$(PROSE))
 
 # the gain from context past 512 on variants-cpu's models (9 minutes): every seed's weights in
 # runs/variants-cpu/models, which make results-variants leaves there

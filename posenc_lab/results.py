@@ -61,6 +61,10 @@ RUNS = {
                    "with and without attention sinks",
     "context-long": "make results-context-long: context-cpu's measurements on article-long's models (the article's "
                     "five encodings, four times the training tokens), every seed, no retraining",
+    "context-long-b4": "make results-context-long-b4: context-long's measurements on article-long-b4's models (the "
+                       "headline recipe), every seed, no retraining",
+    "context-prose-long-b4": "make results-context-prose: the gain from context and the streams on prose-long-b4's "
+                             "models (English prose), every seed, no retraining; no passkey (it plants Python)",
     "context-variants": "make results-context-variants: the gain from context past 512 bytes on variants-cpu's models, "
                         "every seed, no retraining (no passkey, no streams)",
 }
