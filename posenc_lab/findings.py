@@ -153,3 +153,11 @@ def findings_markdown(rows, *, judged_len: int = 2048) -> str:
                      f"{f['p_holm']:.2g} after Holm ({f['mode'].replace('nonoverlapping', 'non-overlapping')} "
                      "windows).")
     return "\n".join(lines)
+
+
+def mean_loss_at_train_len(rows, labels, *, mode: str = "nonoverlapping") -> float:
+    """The mean loss (nats per byte) at the training length over ``labels`` and every seed of a run's ``rows``: the
+    measure by which the better-trained of two recipes is chosen."""
+    df = frame(rows)
+    at = df[(df.eval_mode == mode) & (df.eval_len == df.train_len) & df.label.isin(labels)]
+    return float(at["loss"].mean())

@@ -6,7 +6,8 @@ from the committed results: no number in them is typed by hand.
 
 A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in
 words, :func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
-prose) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
+prose), ``far`` (what the bytes past the training length do, on both texts) and ``run`` (why the headline run is the
+one shown). The tests check that README.md, book/intro.md and
 every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
 """
 
@@ -52,10 +53,8 @@ def rows_of(run: str) -> list[dict]:
 
 
 def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlapping") -> float:
-    """The mean loss (nats per byte) at the training length over ``labels`` and every seed of ``run``."""
-    df = frame(rows_of(run))
-    at = df[(df.eval_mode == mode) & (df.eval_len == df.train_len) & df.label.isin(labels)]
-    return float(at["loss"].mean())
+    """:func:`~posenc_lab.findings.mean_loss_at_train_len` of committed run ``run``."""
+    return findings.mean_loss_at_train_len(rows_of(run), labels, mode=mode)
 
 
 def _recipe(run: str) -> str:
@@ -137,10 +136,53 @@ def prose_block(base: str = "") -> str:
     return " ".join(lines)
 
 
+#: the far-context experiments (chapter 9) on the headline's models and on its prose twin's, with the text's name
+CONTEXTS = {HEADLINE: ("context-long-b4", "Python"), PROSE: ("context-prose-long-b4", "English prose")}
+#: the length at which the README reads them (the claims' judged length, 4x)
+FAR_LEN = 2048
+
+
+def _read(cell) -> str:
+    """How a far-context verdict reads: its p after Benjamini-Hochberg over the run's grid, and whether it stands."""
+    if "under 1 %" in cell["verdict"]:
+        return f"resolved but under 1 %, p = {cell['p BH']:.2g} after Benjamini-Hochberg"
+    standing = "" if cell["survives"] != "none" else ", not resolved"
+    return f"p = {cell['p BH']:.2g} after Benjamini-Hochberg{standing}"
+
+
+@lru_cache(maxsize=None)
+def far_block() -> str:
+    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: ALiBi's far bytes
+    against RoPE limited to its last training-length keys, and plain RoPE's with full attention against its own
+    window (:func:`~posenc_lab.context.far_context_family`, seeds as samples, each run's grid adjusted as one
+    family)."""
+    from .context import far_context_family
+
+    lines = []
+    for name, text in CONTEXTS.values():
+        rows = results.read_json(name, "gain.json")
+        grid = far_context_family(rows).set_index(["question", "label", "eval_len"])
+        alibi = grid.loc[("beats the window", "alibi", FAR_LEN)]
+        rope = grid.loc[("uses the far context", "rope/none", FAR_LEN)]
+        reach = rows[0]["reach"]
+        window = f"RoPE's {reach}-key window"
+        if alibi["survives"] == "none" or "under 1 %" in alibi["verdict"]:
+            outcome = f"neither ALiBi nor {window} wins"
+        else:
+            outcome = f"ALiBi beats {window}" if alibi["ratio"] < 1 else f"{window} beats ALiBi"
+        lines.append(f"On {text} (`{name}`), {outcome}. ALiBi's far-byte perplexity at {FAR_LEN:,} is "
+                     f"{alibi['ratio']:.3f} times the window's ({_read(alibi)}). With full attention, plain RoPE's is "
+                     f"{rope['ratio']:.2f} times its own window's ({_read(rope)}).")
+    reach = results.read_json(next(iter(CONTEXTS.values()))[0], "gain.json")[0]["reach"]
+    return (f"Does a model use the bytes past its training length? Chapter 9 scores the bytes past position {reach} "
+            f"of each window twice: with full attention, and with attention limited to the last {reach} keys. "
+            + " ".join(lines))
+
+
 @lru_cache(maxsize=None)
 def blocks(base: str = "") -> dict[str, str]:
     """Every generated block by name; ``base`` goes before the links to committed results."""
-    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base)}
+    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block()}
 
 
 def generated_blocks(text: str) -> dict[str, str]:

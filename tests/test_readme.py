@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lab import findings, readme
+from posenc_lab import findings, readme, results
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -80,7 +80,7 @@ def test_figure_and_findings_come_before_the_chapters():
 def test_generated_blocks_are_the_generators_output(doc):
     """No hand-typed number: each generated block is what ``python -m posenc_lab.readme`` writes today."""
     held = readme.generated_blocks((ROOT / doc).read_text(encoding="utf-8"))
-    assert {"run", "findings", "prose"} <= set(held), f"{doc} lacks a generated block"
+    assert {"run", "findings", "prose", "far"} <= set(held), f"{doc} lacks a generated block"
     want = readme.blocks(readme.DOCUMENTS[doc])
     for name, body in held.items():
         assert body == want[name], f"{doc}: block {name!r} differs from the results: run python -m posenc_lab.readme"
@@ -123,3 +123,22 @@ def test_readme_example_runs_as_written():
     q, k, v, out = (namespace[n] for n in ("q", "k", "v", "out"))
     assert namespace["q_rot"].shape == q.shape and namespace["k_rot"].shape == k.shape
     assert torch.allclose(out, attention(q, k, v, ALiBi(num_heads=8), backend="reference"), atol=1e-5)
+
+
+def test_far_block_numbers_recomputed_from_the_gain_rows():
+    """The far-context sentence's ratios, from the committed gain rows with plain numpy: ALiBi's far loss with
+    full attention against RoPE's limited to the reach, paired by seed, exponentiated."""
+    import math
+
+    import numpy as np
+
+    text = readme.far_block()
+    for name, _ in readme.CONTEXTS.values():
+        rows = [r for r in results.read_json(name, "gain.json") if r["eval_len"] == readme.FAR_LEN and r["status"] == "ok"]
+        by = {(r["encoding"], r["strategy"], r["seed"]): r for r in rows}
+        seeds = sorted({r["seed"] for r in rows})
+        alibi = math.exp(np.mean([by["alibi", "-", s]["far_loss_full"] - by["rope", "none", s]["far_loss_reach"]
+                                  for s in seeds]))
+        rope = math.exp(np.mean([by["rope", "none", s]["far_loss_full"] - by["rope", "none", s]["far_loss_reach"]
+                                 for s in seeds]))
+        assert f"{alibi:.3f} times the window's" in text and f"{rope:.2f} times its own window's" in text
