@@ -125,14 +125,14 @@ def stdlib_version(root: Path) -> str:
 def stdlib_corpus(folder: str | None = None) -> Corpus:
     """``stdlib`` from the running Python, or ``stdlib:FOLDER[@VERSION]`` from another Python's library folder."""
     if folder is None:
-        version = ".".join(map(str, sys.version_info[:3]))
-        return from_documents("stdlib", stdlib_documents(), {"python": version, "source": "python stdlib *.py"})
-    folder, _, version = folder.partition("@")
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise PosencError(f"standard library folder {folder!r} does not exist")
-    return from_documents("stdlib", stdlib_documents(root),
-                          {"python": version or stdlib_version(root), "source": "python stdlib *.py"})
+        root, version = None, ".".join(map(str, sys.version_info[:3]))
+    else:
+        folder, _, version = folder.partition("@")
+        root = Path(folder).expanduser()
+        if not root.is_dir():
+            raise PosencError(f"standard library folder {folder!r} does not exist")
+        version = version or stdlib_version(root)
+    return from_documents("stdlib", stdlib_documents(root), {"python": version, "source": "python stdlib *.py"})
 
 
 def _is_text(body: bytes) -> bool:
