@@ -4,9 +4,9 @@ One *unit* is one encoding and one seed: train (resuming from its checkpoint), t
 every length and mode (for RoPE, once per extrapolation strategy, and optionally after a brief
 fine-tune at a longer length). Each finished unit is written to ``units/`` at once, so a run that
 is interrupted, or cut short by a GPU time slice, continues from the units already finished when
-the same command is run again. The tidy table (``results.csv`` / ``results.json``, columns :data:`COLUMNS`, in the schema of
-:mod:`posenc_lab.schema`) is rebuilt from the units after each one; the spec is recorded once, in
-``config.json``.
+the same command is run again. The tidy table (``results.csv`` / ``results.json``, columns
+:data:`COLUMNS`, in the schema of :mod:`posenc_lab.schema`) is rebuilt from the units after each
+one; the spec is recorded once, in ``config.json``.
 """
 
 from __future__ import annotations
