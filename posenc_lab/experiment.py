@@ -4,8 +4,9 @@ One *unit* is one encoding and one seed: train (resuming from its checkpoint), t
 every length and mode (for RoPE, once per extrapolation strategy, and optionally after a brief
 fine-tune at a longer length). Each finished unit is written to ``units/`` at once, so a run that
 is interrupted, or cut short by a GPU time slice, continues from the units already finished when
-the same command is run again. The tidy table (``results.csv`` / ``results.json``) is rebuilt from
-the units after each one.
+the same command is run again. The tidy table (``results.csv`` / ``results.json``, columns
+:data:`COLUMNS`, in the schema of :mod:`posenc_lab.schema`) is rebuilt from the units after each
+one; the spec is recorded once, in ``config.json``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, evaluate, window_plan
 from .model import GPT, GPTConfig
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
+from .schema import SCHEMA_VERSION, migrate, migrate_unit
 from .train import TrainConfig, replace_atomically, save_atomic, train
 
 try:  # the training-speed defaults live in train.py
@@ -288,7 +290,7 @@ def write_atomic(path: Path, text: str) -> None:
 COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "eval_mode", "stride", "status", "loss",
            "perplexity", "bits_per_byte", "tokens", "eval_seconds", "train_loss", "train_steps", "train_tokens",
            "train_seconds", "train_tokens_per_s", "finetune_steps", "finetune_tokens", "finetune_len", "preset", "corpus", "corpus_sha256",
-           "python", "device", "torch", "posenc_lab", "git_commit", "config"]
+           "python", "device", "torch", "posenc_lab", "git_commit", "schema"]
 
 
 # --------------------------------------------------------------------------------------------- running
@@ -530,7 +532,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     common = run_context(spec, corpus, device)
     plans = []  # every unit checked before any is written
     for path in paths:
-        unit = json.loads(path.read_text())
+        unit = migrate_unit(json.loads(path.read_text()))
         kinds = {_device_kind(r["device"]) for r in unit["rows"]}
         if kinds != {_device_kind(common["device"])}:
             raise PosencError(f"{path.stem} was evaluated on {', '.join(sorted(kinds))}, this extension would run "
@@ -552,7 +554,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
             plans.append((path, unit, strategies, todo, not_extended))
     if plans:
         write_atomic(config_path, json.dumps({**previous, "extending": config["spec"]}, indent=1))
-    new_fields = ("device", "torch", "python", "posenc_lab", "git_commit", "config")
+    new_fields = ("device", "torch", "python", "posenc_lab", "git_commit", "schema")
     for path, unit, strategies, todo, not_extended in plans:
         encoding, seed = unit["encoding"], unit["seed"]
         t0 = time.perf_counter()
@@ -582,8 +584,6 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
             unit.setdefault("per_position", {}).setdefault(strategy, {}).update(per_position)
         if ENCODINGS[encoding].has_strategies:
             model.encoding.set_scaling("none")
-        for r in unit["rows"]:
-            r["config"] = common["config"]  # every row now belongs to the extended spec; `extended` keeps the history
         order = {e: i for i, e in enumerate(wanted)}
         unit["rows"].sort(key=lambda r: (strategies.index(r["strategy"]), order[_evaluation_key(r)]))
         unit["extended"] = unit.get("extended", []) + [{
@@ -594,7 +594,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     if any(p[4] for p in plans):
         log("fine-tuned strategies (+ft) were not extended: their weights are not kept")
     write_atomic(config_path, json.dumps(config, indent=1))
-    rows = collect(out)
+    rows = collect_rows(out)
     write_table(out, rows)
     return rows
 
@@ -604,6 +604,12 @@ def collect(out: Path, part: str = "rows") -> list[dict]:
     losses (``documents``) or the checkpoint evaluations (``checkpoints``)."""
     units = sorted((out / "units").glob("*.json"))
     return [row for path in units for row in json.loads(path.read_text()).get(part, [])]
+
+
+def collect_rows(out: Path) -> list[dict]:
+    """The results table of a run folder from its units (:func:`collect`), in the current schema: the rows of a
+    unit written by an older posenc_lab are read through :func:`~posenc_lab.schema.migrate`."""
+    return migrate(collect(out))
 
 
 #: the columns of the per-document and checkpoint tables
@@ -677,11 +683,12 @@ def run_units(out: Path, units: list[tuple[str, int]], run_one, *, after_each=No
 
 
 def run_context(spec, corpus: Corpus, device: torch.device) -> dict:
-    """The columns every row of a run carries: what ran, on what, with which code."""
+    """The columns every row of a run carries: what ran, on what, with which code, and the row's schema version
+    (the spec itself is recorded once, in ``config.json``)."""
     return {"preset": spec.preset, "corpus": corpus.name, "corpus_sha256": corpus.meta["sha256"],
             "python": ".".join(map(str, sys.version_info[:3])), "device": device_name(device),
             "torch": torch.__version__, "posenc_lab": __version__, "git_commit": git_commit(),
-            "config": json.dumps(spec.to_dict(), sort_keys=True)}
+            "schema": SCHEMA_VERSION}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -726,8 +733,8 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
             raise PosencError(f"units {unknown} are not in this run's {units}")
         units = [u for u in units if u in only]
     run_units(out, units, lambda e, s: run_unit(spec, e, s, train_stream, text, out, device, progress, common),
-              after_each=lambda o: write_table(o, collect(o)), log=log)
-    rows = collect(out)
+              after_each=lambda o: write_table(o, collect_rows(o)), log=log)
+    rows = collect_rows(out)
     if distributed.is_main():
         write_table(out, rows)
     return rows

@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 
 from .errors import PosencError
+from .schema import migrate, migrate_unit, trained_as
 
 #: the file that marks a folder of committed results
 MARKER = "POSENC_RESULTS.md"
@@ -126,18 +127,20 @@ def load(name: str) -> tuple[list[dict], list[dict], dict]:
     if not (node / "results.json").is_file() and (node / CONTEXT_TABLES[0]).is_file():
         raise PosencError(f"{name!r} is a context run: read its tables with results.rows({name!r}) or "
                           f"results.read_json({name!r}, 'gain.json')")
-    rows = _read_json(node / "results.json")
+    rows = migrate(_read_json(node / "results.json"))
     units_dir = node / "units"
-    units = [_read_json(p) for p in sorted(units_dir.iterdir(), key=lambda p: p.name) if p.name.endswith(".json")]
+    units = [migrate_unit(_read_json(p)) for p in sorted(units_dir.iterdir(), key=lambda p: p.name)
+             if p.name.endswith(".json")]
     config = _read_json(node / "config.json")
     return rows, units, config
 
 
 def rows(name: str) -> list[dict]:
-    """Every row of committed run ``name``: ``results.json``, or a context run's three tables one after the other."""
+    """Every row of committed run ``name``: ``results.json`` (in the current schema,
+    :func:`~posenc_lab.schema.migrate`), or a context run's three tables one after the other."""
     node = folder(name)
     if (node / "results.json").is_file():
-        return _read_json(node / "results.json")
+        return migrate(_read_json(node / "results.json"))
     if (node / CONTEXT_TABLES[0]).is_file():
         return [r for table in CONTEXT_TABLES if (node / table).is_file() for r in _read_json(node / table)]
     raise PosencError(f"committed run {name!r} has neither results.json nor gain.json")
@@ -152,8 +155,10 @@ def benchmark(name: str) -> dict:
 
 
 def read_json(name: str, path: str):
-    """Any other committed JSON file of run ``name`` (e.g. a retrieval run's ``grid.json``)."""
-    return _read_json(folder(name) / path)
+    """Any other committed JSON file of run ``name`` (e.g. a retrieval run's ``grid.json``); ``results.json`` in the
+    current schema, as :func:`rows` reads it."""
+    data = _read_json(folder(name) / path)
+    return migrate(data) if Path(path).name == "results.json" else data
 
 
 def export_models(run_dir: str | Path, name: str, encodings, *, seed: int = 0, root: str | Path | None = None) -> list[Path]:
@@ -203,7 +208,7 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
     from .model import GPT
 
     spec = spec_of(config)
-    cfg = spec.model_config(_trained_as(encoding, config))
+    cfg = spec.model_config(trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
@@ -219,20 +224,6 @@ def spec_of(config: dict):
 
     kind = RetrievalSpec if "task" in config else Spec
     return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
-
-
-def _trained_as(encoding: str, config: dict) -> str:
-    """The registered encoding that reproduces what a run trained under the name ``encoding``.
-
-    A language-model run whose ``config.json`` records no evaluation text trained ``sinusoidal`` with the
-    table at RMS 0.02 and unscaled tokens, which is ``sinusoidal-small``; loading its weights into
-    ``sinusoidal`` would pair them with an amplitude they never saw. Retrieval runs (a ``task`` in their
-    config) record no evaluation text, so nothing in their config tells the two apart: they keep their name
-    (every committed retrieval run with weights trained today's ``sinusoidal``; an older retrieval folder needs
-    ``sinusoidal-small`` by hand)."""
-    if encoding == "sinusoidal" and "evaluation_text" not in config and "task" not in config:
-        return "sinusoidal-small"
-    return encoding
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:

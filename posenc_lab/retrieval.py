@@ -64,9 +64,10 @@ from tqdm import tqdm
 from . import distributed
 from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
-from .experiment import (collect, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
+from .experiment import (collect_rows, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
 from .model import GPT, IGNORE, GPTConfig
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
+from .schema import SCHEMA_VERSION
 from .train import TrainConfig, autocast, flush_denormals, save_atomic, train
 
 FILLER = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
@@ -347,7 +348,7 @@ def retrieval_preset(name: str, **overrides) -> RetrievalSpec:
 
 COLUMNS = ["task", "encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "distance", "status", "trials",
            "correct", "accuracy", "ci_low", "ci_high", "train_accuracy", "train_steps", "train_seconds", "preset",
-           "device", "torch", "posenc_lab", "git_commit", "config"]
+           "device", "torch", "posenc_lab", "git_commit", "schema"]
 
 
 def _grid(model, spec: RetrievalSpec, seed: int, device, progress: bool, label: str) -> list[dict]:
@@ -439,12 +440,12 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
     from . import __version__
 
     common = {"preset": spec.preset, "device": device_name(device), "torch": torch.__version__,
-              "posenc_lab": __version__, "git_commit": git_commit(), "config": json.dumps(spec.to_dict(), sort_keys=True),
+              "posenc_lab": __version__, "git_commit": git_commit(), "schema": SCHEMA_VERSION,
               "python": ".".join(map(str, sys.version_info[:3]))}
     units = [(e, s) for s in spec.seeds for e in spec.encodings]  # seed by seed: a part-run has every encoding
     run_units(out, units, lambda e, s: run_retrieval_unit(spec, e, s, out, device, progress, common),
-              after_each=lambda o: write_table(o, collect(o)), log=log)
-    rows = collect(out)
+              after_each=lambda o: write_table(o, collect_rows(o)), log=log)
+    rows = collect_rows(out)
     if distributed.is_main():
         write_table(out, rows)
     return rows

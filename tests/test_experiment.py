@@ -17,6 +17,7 @@ from posenc_lab.__main__ import main
 from posenc_lab.data import load_corpus
 from posenc_lab.evaluate import evaluate, unscored, window_plan
 from posenc_lab.model import GPT, GPTConfig
+from posenc_lab.schema import SCHEMA_VERSION
 from posenc_lab.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +167,8 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     assert header == experiment.COLUMNS
     first = rows[0]
     assert first["torch"] == torch.__version__ and first["device"].startswith("cpu") and first["corpus"] == "stdlib"
-    assert json.loads(first["config"])["preset"] == "ci"
+    assert first["schema"] == SCHEMA_VERSION and "config" not in first  # the spec is in config.json, once
+    assert json.loads((out / "config.json").read_text())["spec"]["preset"] == "ci"
 
 
 @pytest.mark.slow
@@ -336,12 +338,11 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     extended = experiment.extend(after, tmp_path / "a", **quiet)
     fresh = experiment.run(after, tmp_path / "b", **quiet)
     assert len(extended) > len(old)
-    # no training: the same training record, no training state written; the old rows unchanged but for config
+    # no training: the same training record, no training state written; the old rows unchanged
     for name, unit in units_before.items():
         now = json.loads((tmp_path / "a" / "units" / name).read_text())
         assert now["train_losses"] == unit["train_losses"] and now["checkpoints"] == unit["checkpoints"]
-        strip = lambda rows: [{k: v for k, v in r.items() if k != "config"} for r in rows]  # noqa: E731
-        assert all(r in strip(now["rows"]) for r in strip(unit["rows"]))
+        assert all(r in now["rows"] for r in unit["rows"])
     assert not list((tmp_path / "a" / "checkpoints").glob("*.pt"))
     # the new rows carry the extension's commit and machine, the old ones those of the run
     new_rows = [r for r in extended if (r["eval_len"], r["eval_mode"]) in {(256, "nonoverlapping"), (64, "sliding")}]
