@@ -1,4 +1,5 @@
-"""The benchmark scripts run on the CPU at smoke size and report ratios against their own baseline."""
+"""The benchmark scripts run on the CPU at smoke size and report ratios against their own baseline (each script
+trains or times models in a process of its own: the slow lane)."""
 
 import json
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 
 
 def run(script, *args, tmp_path):
