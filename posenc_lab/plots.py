@@ -394,7 +394,7 @@ def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
 def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
     """Two panels against training tokens seen: perplexity at the training length, and growth
     ``ppl(factor x L) / ppl(L)`` (non-overlapping windows) on a log axis (1 = no growth); band of one sd over seeds."""
-    from .report import budget_frame, budget_growth
+    from .budget import budget_frame, budget_growth
 
     df = budget_frame(checkpoints)
     train = int(df["train_len"].iloc[0])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from posenc_lab import PosencError, data
+from posenc_lab import PosencError, data, prose
 
 
 def test_split_is_deterministic_by_document_name():
@@ -211,11 +211,11 @@ def _prose_sample(root):
 
 def test_prose_documents_are_read_from_the_packages_formats(tmp_path):
     _prose_sample(tmp_path)
-    austen = dict(data.austen_documents(tmp_path / "janeaustenr"))
+    austen = dict(prose.austen_documents(tmp_path / "janeaustenr"))
     assert austen["austen/smallnovel/00"] == b"A SMALL NOVEL\n\nby Nobody\n"
     assert austen["austen/smallnovel/07"].startswith(b"CHAPTER 7\n\nChapter 7 begins")
     assert len(austen) == 32 and austen["austen/tiny/01"] == b"Chapter 1\n\nShort.\n"
-    web = dict(data.web_documents(tmp_path / "engWEB2015eb"))
+    web = dict(prose.web_documents(tmp_path / "engWEB2015eb"))
     assert web["web/preface"] == b"A preface in plain words.\n"
     assert web["web/Book.3"] == b"Part 3\nThen we walked & sang 3.\na line of song\n"
     assert len(web) == 31
@@ -227,14 +227,14 @@ def test_prose_corpus_loads_from_a_folder_or_the_environment(tmp_path, monkeypat
     assert corpus.name == "prose" and len(corpus.meta["sha256"]) == 64 and "public domain" in corpus.meta["licence"]
     assert sum(len(d) for d in corpus.documents.values()) == 63
     assert corpus.meta["total_bytes"] == sum(len(b) for d in corpus.documents.values() for _, b in d)
-    monkeypatch.setenv(data.PROSE_ENV, str(tmp_path / "copy"))
+    monkeypatch.setenv(prose.PROSE_ENV, str(tmp_path / "copy"))
     assert data.load_corpus("prose").meta["sha256"] == corpus.meta["sha256"]
 
 
 def test_missing_prose_names_the_install_command(tmp_path, monkeypatch):
-    monkeypatch.delenv(data.PROSE_ENV, raising=False)
-    monkeypatch.setattr(data, "PROSE_SOURCES", {k: (p, str(tmp_path / k), f) for k, (p, _, f) in
-                                                data.PROSE_SOURCES.items()})
+    monkeypatch.delenv(prose.PROSE_ENV, raising=False)
+    monkeypatch.setattr(prose, "PROSE_SOURCES", {k: (p, str(tmp_path / k), f) for k, (p, _, f) in
+                                                prose.PROSE_SOURCES.items()})
     with pytest.raises(PosencError, match="apt-get install r-cran-janeaustenr sword-text-web"):
         data.load_corpus("prose")
     with pytest.raises(PosencError, match="missing"):
@@ -242,7 +242,7 @@ def test_missing_prose_names_the_install_command(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not all((__import__("pathlib").Path(d) / f[0]).is_file() for _, d, f in
-                            data.PROSE_SOURCES.values()), reason="the Debian prose packages are not installed")
+                            prose.PROSE_SOURCES.values()), reason="the Debian prose packages are not installed")
 def test_installed_prose_corpus_is_large_enough():
     info = data.load_corpus("prose").describe()
     assert info["total_bytes"] > 4_000_000 and info["test_bytes"] >= 250_000 and info["test_documents"] >= 20
