@@ -220,12 +220,13 @@ def _report(folder, figures: bool = True) -> str:
     """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``."""
     from pathlib import Path
 
-    from . import plots, report
+    from . import report
+    from .figures import save_report_figures
 
     text = report.report(folder)
     if figures:
         rows, units, _ = report.load(folder)
-        written = plots.save_report_figures(rows, units, Path(folder) / "figures")
+        written = save_report_figures(rows, units, Path(folder) / "figures")
         text += "\n\nfigures: " + ", ".join(str(p) for p in written)
     return text
 

@@ -7,9 +7,7 @@ older tab20 colour of each name for the figures that ask for it. The headline fi
 (:func:`perplexity_vs_length`, :func:`growth`) draw the seeds' mean with a band from the lowest to
 the highest seed; the other figures draw a band of one standard deviation over seeds
 (``errorbar="sd"``). With a single seed there is no band.
-
-``python -m posenc_lab.plots RUN`` writes the headline figure of a committed run to
-``results/RUN/figures/ppl_vs_length.png`` (:func:`save_headline`).
+The PNGs of a run's folder and of the README are written by :mod:`posenc_lab.figures`.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from .extras import require
 
 require("book", "posenc_lab.plots")
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -214,34 +211,6 @@ def runs_figure(runs: dict, *, mode: str = "nonoverlapping", labels=None, metric
     return fig
 
 
-def save_headline(run: str, *, folder: Path | str | None = None, dpi: int = 120) -> list[Path]:
-    """The headline figures of a committed run (:func:`headline_figure`, both modes) as PNGs:
-    ``ppl_vs_length.png`` and ``growth.png`` under ``results/<run>/figures`` (or ``folder``), for the README and the
-    book's landing page. Returns the paths written."""
-    import matplotlib.pyplot as plt
-
-    from . import results
-    from .report import BREAK
-
-    rows, _, _ = results.load(run)
-    if folder is None:
-        where = results.folder(run)
-        if not isinstance(where, Path):
-            raise ValueError(f"{run!r} is read from the installed package; pass folder= to write its figures")
-        folder = where / "figures"
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    use_theme()
-    written = []
-    for name, metric in (("ppl_vs_length.png", "perplexity"), ("growth.png", "growth")):
-        fig = headline_figure(rows, metric=metric, breaking=BREAK if metric == "growth" else None)
-        fig.suptitle(f"{run}: mean of the seeds, band from the lowest to the highest seed", fontsize=10, y=1.02)
-        fig.savefig(folder / name, dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
-        written.append(folder / name)
-    return written
-
-
 def _log_values(ax):
     """A log y axis labelled with round values (1, 1.5, 2, 3, 5, 7, 10, ...) instead of powers of ten."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
@@ -361,36 +330,6 @@ def training_curves(units: list[dict], ax, *, labels=None, every: int = 10):
     return ax
 
 
-def save_report_figures(rows, units: list[dict], folder: Path) -> list[Path]:
-    """``ppl_vs_length.png`` (the headline figure, :func:`headline_figure`: a panel per mode), ``per_position.png``
-    (the longest length) and ``training_loss.png`` in ``folder``."""
-    import matplotlib.pyplot as plt
-
-    use_theme()
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    df = frame(rows)
-    fig = headline_figure(df, modes=sorted(df["eval_mode"].unique(), reverse=True))
-    written = [folder / "ppl_vs_length.png"]
-    fig.savefig(written[-1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    longest = int(df["eval_len"].max())
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    per_position(units, longest, ax)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    written.append(folder / "per_position.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    training_curves(units, ax)
-    fig.tight_layout()
-    written.append(folder / "training_loss.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
-    return written
-
-
 def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
     """Two panels against training tokens seen: perplexity at the training length, and growth
     ``ppl(factor x L) / ppl(L)`` (non-overlapping windows) on a log axis (1 = no growth); band of one sd over seeds."""
@@ -415,24 +354,3 @@ def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
     axes[0].get_legend().remove()
     axes[1].legend(title=None, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return axes
-
-
-def main(argv=None) -> int:
-    """``python -m posenc_lab.plots RUN [--folder DIR]``: the headline figures of a committed run
-    (:func:`save_headline`)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m posenc_lab.plots", description=main.__doc__)
-    parser.add_argument("run", help="a committed run, e.g. article-long")
-    parser.add_argument("--folder", default=None, help="where to write (default: results/RUN/figures)")
-    args = parser.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for path in save_headline(args.run, folder=args.folder):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -89,7 +89,7 @@ def load(out: Path | str) -> tuple[list[dict], list[dict], dict]:
 
 
 def report(out: Path | str) -> str:
-    """The text report of a run: a table for every evaluation mode (figures: :func:`plots.save_report_figures`)."""
+    """The text report of a run: a table for every evaluation mode (figures: :func:`~posenc_lab.figures.save_report_figures`)."""
     rows, units, config = load(out)
     if not rows:
         raise PosencError(f"{out} has no finished unit yet")
