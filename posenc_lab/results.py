@@ -52,7 +52,7 @@ RUNS = {
     "retrieval-multikey-cpu": "make results-tasks TASKS=multikey: the named key among three distractors of the same "
                               "kind, 1x to 8x the training length, the article's five encodings, three seeds "
                               "(untied embeddings, 8,000 steps)",
-    "amplitude-cpu": "make results-amplitude: the old small-amplitude sinusoids (sinusoidal-small), article-cpu's "
+    "amplitude-cpu": "make results-amplitude: the small-amplitude sinusoids (sinusoidal-small), article-cpu's "
                      "recipe, seed 0",
     "variants-cpu": "make results-variants: what today's models run (chapter 12): partial rotary, p-RoPE, bases 500 and "
                     "500,000, a NoPE layer, randomized RoPE and learned positions, and plain RoPE (with Llama 3's "
