@@ -11,11 +11,11 @@ every second position, is scored as such by every backend. Backends:
 * ``reference``: the formula above written out with einsum and softmax, in float64. The
   yardstick every other backend is tested against; O(n^2) memory.
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``. No bias: its fused causal
-  kernel. A bias: materialized once as a 4-d float mask ``(1, h, n, n)`` with the causal mask
-  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), built
-  once per forward pass (the model's :class:`~posenc_lab.encodings.Tables` share it among the
-  layers), and applied block by block of ``BLOCK`` queries so
-  that causal attention never computes the keys a block cannot see. Trains on every device. The
+  kernel. A bias: materialized as 4-d float masks ``(1, h, n_block, n_keys)`` with the causal mask
+  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), one per
+  block of ``BLOCK`` queries with only the keys the block can see (causal attention never computes,
+  nor builds the bias of, the keys a block cannot see), built once per forward pass (the model's
+  :class:`~posenc_lab.encodings.Tables` share them among the layers). Trains on every device. The
   mask has the queries' dtype: under bf16 autocast a large bias is rounded (ALiBi's gentlest head
   at distance 16k, about -62.5, to steps of 0.25), where ``flex`` computes the bias in float32.
 * ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: compiled on CUDA,
@@ -52,7 +52,8 @@ BACKENDS = ("auto", "reference", "sdpa", "flex")
 BLOCK = 512
 #: queries per block of the explicit softmax through which a learned bias trains on the CPU (each block with the keys it can see)
 GRAD_BLOCK = 128
-#: the largest materialized mask (bytes) that is built whole; past it, each block is built when used
+#: the largest bias mask (bytes, its blocks together) a forward pass builds once for all its layers; past it,
+#: each layer builds each block of queries when it uses it
 MASK_BUDGET = 2 * 2**30
 _NOPE = NoPE()
 
@@ -268,20 +269,28 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
     if q.device.type == "cpu" and encoding.needs_grad():  # needs_grad: grad mode and a learned parameter
         return _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal, tables)
-    whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
-    mask = bias_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype, tables=tables) if whole else None
-    if nq <= BLOCK and mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    outputs = []
-    for start, stop, keys in _query_blocks(nq, nk, causal, BLOCK):
-        if mask is not None:
-            block = mask[:, :, start:stop, :keys]
-        else:
-            block = bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
-                               dtype=q.dtype)
-        outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
-                                                      attn_mask=block))
-    return torch.cat(outputs, dim=2)
+    within_budget = _mask_bytes(encoding, q, k) <= MASK_BUDGET
+    spans, masks = _block_masks(encoding, q_pos, k_pos, causal, q.dtype, BLOCK, tables if within_budget else None)
+    outputs = [F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], attn_mask=mask)
+               for (start, stop, keys), mask in zip(spans, masks)]
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _block_masks(encoding, q_pos, k_pos, causal, dtype, size, tables):
+    """The blocks of ``size`` queries, ``(start, stop, keys)``, and the mask of each (:func:`bias_block`, with only
+    the keys the block can see when causal: about half the causal square). With a forward pass's ``tables``,
+    the first layer builds every block and the others share them; without, each block is built as it is used
+    (and freed after it)."""
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    spans = list(_query_blocks(nq, nk, causal, size))
+
+    def build(span):
+        start, stop, keys = span
+        return bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=nk - nq + start, dtype=dtype)
+
+    if tables is None:
+        return spans, map(build, spans)
+    return spans, tables.shared(("blocks", causal, dtype, size, nq, nk), lambda: [build(span) for span in spans])
 
 
 def _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach):
@@ -325,15 +334,7 @@ def _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal, tables=None
     blocks of ``GRAD_BLOCK`` queries, each block with only the keys it can see when causal (about half
     the scores of one causal square), its mask blocks built from the encoding once per forward pass
     (shared by the layers through ``tables``: the gradient flows back to the bias's parameters once)."""
-    nq, nk = q.shape[-2], k.shape[-2]
-    offset = nk - nq
-    spans = list(_query_blocks(nq, nk, causal, GRAD_BLOCK))
-
-    def build():
-        return [bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
-                           dtype=q.dtype) for start, stop, keys in spans]
-
-    masks = build() if tables is None else tables.shared(("grad-blocks", causal, q.dtype, nq, nk), build)
+    spans, masks = _block_masks(encoding, q_pos, k_pos, causal, q.dtype, GRAD_BLOCK, tables)
     outputs = [_softmax_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], mask)
                for (start, stop, keys), mask in zip(spans, masks)]
     return torch.cat(outputs, dim=2)
