@@ -156,10 +156,11 @@ def _is_range(positions: torch.Tensor) -> bool:
 def toeplitz(table: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
     """``M[h, r, c] = table[h, r - c + nk - 1]`` (``h x nq x nk``) from a per-distance table of ``nq + nk - 1``
     entries, written in one pass: the reversed table viewed with strides ``(1, 1)`` is the Hankel matrix
-    ``R[r' + c]``, and reversing its rows gives the Toeplitz one (no ``nq x nk`` index tensor)."""
+    ``R[r' + c]``, and taking its rows in reverse order gives the Toeplitz one (no ``nq x nk`` index tensor),
+    laid out row by row, as SDPA reads a mask fastest."""
     reversed_ = table.flip(-1).contiguous()
     hankel = reversed_.as_strided((table.shape[0], nq, nk), (reversed_.stride(0), 1, 1))
-    return hankel.flip(1)
+    return hankel.index_select(1, torch.arange(nq - 1, -1, -1, device=table.device))
 
 
 def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, offset: int,
@@ -610,10 +611,7 @@ def attention(
     away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
     cache's slots (``positions`` and ``tables`` are ignored) and every key is rotated anew at each step.
     """
-    if backend not in BACKENDS:
-        raise unknown_name("attention backend", backend, BACKENDS)
-    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
-        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
+    _check_options(backend, reach)
     encoding = _NOPE if encoding is None else encoding
     if isinstance(cache, SinkCache):
         return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach)
@@ -636,6 +634,13 @@ def attention(
     heads = q.shape[1]
     return _BACKEND_FNS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions, causal,
                                  reach, tables)
+
+
+def _check_options(backend: str, reach) -> None:
+    if backend not in BACKENDS:
+        raise unknown_name("attention backend", backend, BACKENDS)
+    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
+        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
 
 
 def _check_flex(backend: str, device: torch.device) -> None:

@@ -28,7 +28,7 @@ from ..errors import PosencError, unknown_name
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
-from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized
+from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 
 __all__ = [
