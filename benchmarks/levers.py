@@ -12,7 +12,7 @@ One attention call (forward, no gradients) of ``b x h x n x d`` with ALiBi's bia
   the keys it can see (what the ``sdpa`` backend does past 512 queries);
 * ``... + denormals flushed``: the same under ``flush_denormals()`` (as training and evaluation run).
 
-The mask is built once outside the timed call (the backend memoises it); its one-off build time
+The mask is built once outside the timed call (a model builds it once per forward pass, for all its layers); its build time
 is reported separately, with the Toeplitz construction the backend uses.
 """
 

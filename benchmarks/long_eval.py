@@ -5,9 +5,10 @@
 
 The experiment's GPT with each encoding (fresh weights: the cost does not depend on them) scores
 one window of each length without gradients, exactly as ``evaluate()`` runs it (same precision,
-denormals flushed). ``first_ms`` is the first call at a length, which builds the memoised bias;
-``ms`` the median of the calls after it (every later window of an evaluation), best of
-interleaved rounds. ``peak_gib``: the process's peak resident set during the first two calls on
+denormals flushed). ``first_ms`` is the first call at a length (with its one-off costs: the
+allocator's first blocks of that size); ``ms`` the median of the calls after it (every later window
+of an evaluation), best of interleaved rounds. Each call builds its bias once, for all its layers.
+``peak_gib``: the process's peak resident set during the first two calls on
 the CPU (bias building included; everything the process holds counts), peak allocated memory
 on CUDA. ``vs_nope``: ``ms`` over NoPE's at the
 same length in the same run.
@@ -53,7 +54,7 @@ def run(args) -> dict:
                     with torch.no_grad(), flush_denormals(), autocast(device):
                         model(x)
 
-                if round_ == 0:  # the first call builds the memoised bias: timed alone, and its memory counted
+                if round_ == 0:  # the first call at a length: timed alone, and its memory counted
                     def first():
                         sync(device)
                         t0 = time.perf_counter()
@@ -65,7 +66,6 @@ def run(args) -> dict:
                     rows[name, n]["peak_gib"] = peak_memory(first, device) if device.type == "cuda" else peak_rss(first)
                 ms = median_time(score, device, warmup=0, reps=args.reps) * 1e3
                 rows[name, n]["ms"] = min(rows[name, n]["ms"], ms)
-                model.encoding.clear_cache()  # free this length's memoised bias before the next model
                 bar.update()
     bar.close()
     out = list(rows.values())

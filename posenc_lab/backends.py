@@ -11,10 +11,11 @@ every second position, is scored as such by every backend. Backends:
 * ``reference``: the formula above written out with einsum and softmax, in float64. The
   yardstick every other backend is tested against; O(n^2) memory.
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``. No bias: its fused causal
-  kernel. A bias: materialized once as a 4-d float mask ``(1, h, n, n)`` with the causal mask
-  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), memoised
-  while it stays valid (:meth:`Encoding.memo`), and applied block by block of ``BLOCK`` queries so
-  that causal attention never computes the keys a block cannot see. Trains on every device. The
+  kernel. A bias: materialized as 4-d float masks ``(1, h, n_block, n_keys)`` with the causal mask
+  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), one per
+  block of ``BLOCK`` queries with only the keys the block can see (causal attention never computes,
+  nor builds the bias of, the keys a block cannot see), built once per forward pass (the model's
+  :class:`~posenc_lab.encodings.Tables` share them among the layers). Trains on every device. The
   mask has the queries' dtype: under bf16 autocast a large bias is rounded (ALiBi's gentlest head
   at distance 16k, about -62.5, to steps of 0.25), where ``flex`` computes the bias in float32.
 * ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: compiled on CUDA,
@@ -42,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 
-from .encodings import Encoding, NoPE
+from .encodings import Encoding, NoPE, Tables
 from .errors import PosencError, check_positions, unknown_name
 
 #: the backends :func:`attention` accepts (``auto``: :func:`choose_backend`)
@@ -51,7 +52,8 @@ BACKENDS = ("auto", "reference", "sdpa", "flex")
 BLOCK = 512
 #: queries per block of the explicit softmax through which a learned bias trains on the CPU (each block with the keys it can see)
 GRAD_BLOCK = 128
-#: the largest materialized mask (bytes) that is memoised whole; past it, each block is built when used
+#: the largest bias mask (bytes, its blocks together) a forward pass builds once for all its layers; past it,
+#: each layer builds each block of queries when it uses it
 MASK_BUDGET = 2 * 2**30
 _NOPE = NoPE()
 
@@ -154,10 +156,11 @@ def _is_range(positions: torch.Tensor) -> bool:
 def toeplitz(table: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
     """``M[h, r, c] = table[h, r - c + nk - 1]`` (``h x nq x nk``) from a per-distance table of ``nq + nk - 1``
     entries, written in one pass: the reversed table viewed with strides ``(1, 1)`` is the Hankel matrix
-    ``R[r' + c]``, and reversing its rows gives the Toeplitz one (no ``nq x nk`` index tensor)."""
+    ``R[r' + c]``, and taking its rows in reverse order gives the Toeplitz one (no ``nq x nk`` index tensor),
+    laid out row by row, as SDPA reads a mask fastest."""
     reversed_ = table.flip(-1).contiguous()
     hankel = reversed_.as_strided((table.shape[0], nq, nk), (reversed_.stride(0), 1, 1))
-    return hankel.flip(1)
+    return hankel.index_select(1, torch.arange(nq - 1, -1, -1, device=table.device))
 
 
 def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, offset: int,
@@ -193,40 +196,36 @@ def bias_block(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, 
     return rearrange(mask, "h i j -> 1 h i j")
 
 
-def _memo_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
-               dtype: torch.dtype) -> torch.Tensor | None:
-    """The whole ``(1, h, n_q, n_k)`` mask of :func:`bias_block`, memoised (:meth:`Encoding.memo`): built
-    once per forward pass and shared by its layers, and, when no gradient flows into it (evaluation,
-    generation, ALiBi), kept across forward passes while the positions and the encoding stay the same.
-    The memo's own tensor, for the backends only (they never write to it). None when there is no bias."""
+def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
+              dtype: torch.dtype, tables: Tables | None = None) -> torch.Tensor | None:
+    """The whole ``(1, h, n_q, n_k)`` mask of :func:`bias_block` the ``sdpa`` backend uses, or None without a bias.
+
+    With the ``tables`` of a forward pass, the first layer that asks builds it and the others share it (the
+    backends never write to it); without, it is built here, and is the caller's."""
     if not encoding.has_bias:
         return None
-    offset = k_pos.shape[-1] - q_pos.shape[-1]
-    return encoding.memo("mask", (q_pos, k_pos), (causal, dtype),
-                         lambda: bias_block(encoding, q_pos, k_pos, causal=causal, offset=offset, dtype=dtype))
 
+    def build():
+        return bias_block(encoding, q_pos, k_pos, causal=causal, offset=k_pos.shape[-1] - q_pos.shape[-1], dtype=dtype)
 
-def bias_mask(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool,
-              dtype: torch.dtype) -> torch.Tensor | None:
-    """The ``(1, h, n_q, n_k)`` mask the ``sdpa`` backend uses (a copy of the memoised one: yours to edit), or None."""
-    mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=dtype)
-    return None if mask is None else mask.clone()
+    if tables is None:
+        return build()
+    return tables.shared(("mask", causal, dtype, q_pos.shape[-1], k_pos.shape[-1]), build)
 
 
 def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = False) -> torch.Tensor | None:
     """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions`` (``n``), as the ``sdpa`` backend uses
     it, with ``-inf`` on the future keys when ``causal``; for positions ``b n``, one table per row (``b h n n``).
     Add it to the scores, or pass it as ``attn_mask`` to ``scaled_dot_product_attention`` (``b h n n``, or
-    ``rearrange(t, "h i j -> 1 h i j")``). A copy of the memoised mask: editing it changes nothing the backends
-    use. None for an encoding without a bias."""
+    ``rearrange(t, "h i j -> 1 h i j")``). None for an encoding without a bias."""
     check_positions(positions)
     if positions.dim() == 2:
         rows = [bias_tensor(encoding, row, causal=causal) for row in positions]
         return None if rows[0] is None else torch.stack(rows)
     if positions.dim() != 1:
         raise PosencError(f"positions must have shape (n,) or (b, n), got {tuple(positions.shape)}")
-    mask = _memo_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
-    return None if mask is None else mask[0].clone()
+    mask = bias_mask(encoding, positions, positions, causal=causal, dtype=torch.float32)
+    return None if mask is None else mask[0]
 
 
 # --------------------------------------------------------------------------------------------- backends
@@ -239,7 +238,7 @@ def out_of_reach(q_pos: torch.Tensor, k_pos: torch.Tensor, reach: int, causal: b
     return distance >= reach if causal else distance.abs() >= reach
 
 
-def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
+def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = einsum(q.double(), k.double(), "b h i d, b h j d -> b h i j") * scale
     b = encoding.bias(q_pos, k_pos)
@@ -258,7 +257,7 @@ def _mask_bytes(encoding, q, k) -> int:
     return heads * q.shape[-2] * k.shape[-2] * q.element_size()
 
 
-def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
+def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
     if reach is not None:
         return _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach)
     nq, nk = q.shape[-2], k.shape[-2]
@@ -270,21 +269,29 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~future_mask(nq, nk, q.device))
     if q.device.type == "cpu" and encoding.needs_grad():  # needs_grad: grad mode and a learned parameter
-        return _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal)
-    whole = _mask_bytes(encoding, q, k) <= MASK_BUDGET
-    mask = _memo_mask(encoding, q_pos, k_pos, causal=causal, dtype=q.dtype) if whole else None
-    if nq <= BLOCK and mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    outputs = []
-    for start, stop, keys in _query_blocks(nq, nk, causal, BLOCK):
-        if mask is not None:
-            block = mask[:, :, start:stop, :keys]
-        else:
-            block = bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start,
-                               dtype=q.dtype)
-        outputs.append(F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys],
-                                                      attn_mask=block))
-    return torch.cat(outputs, dim=2)
+        return _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal, tables)
+    within_budget = _mask_bytes(encoding, q, k) <= MASK_BUDGET
+    spans, masks = _block_masks(encoding, q_pos, k_pos, causal, q.dtype, BLOCK, tables if within_budget else None)
+    outputs = [F.scaled_dot_product_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], attn_mask=mask)
+               for (start, stop, keys), mask in zip(spans, masks)]
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _block_masks(encoding, q_pos, k_pos, causal, dtype, size, tables):
+    """The blocks of ``size`` queries, ``(start, stop, keys)``, and the mask of each (:func:`bias_block`, with only
+    the keys the block can see when causal: about half the causal square). With a forward pass's ``tables``,
+    the first layer builds every block and the others share them; without, each block is built as it is used
+    (and freed after it)."""
+    nq, nk = q_pos.shape[-1], k_pos.shape[-1]
+    spans = list(_query_blocks(nq, nk, causal, size))
+
+    def build(span):
+        start, stop, keys = span
+        return bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=nk - nq + start, dtype=dtype)
+
+    if tables is None:
+        return spans, map(build, spans)
+    return spans, tables.shared(("blocks", causal, dtype, size, nq, nk), lambda: [build(span) for span in spans])
 
 
 def _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach):
@@ -323,17 +330,12 @@ def _softmax_attention(q, k, v, mask):
     return torch.matmul(scores.softmax(dim=-1), v)
 
 
-def _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal):
+def _learned_bias_attention(q, k, v, encoding, q_pos, k_pos, causal, tables=None):
     """A bias that needs its gradient, on the CPU: the explicit softmax (:func:`_softmax_attention`) in
     blocks of ``GRAD_BLOCK`` queries, each block with only the keys it can see when causal (about half
-    the scores of one causal square), its mask block built from the encoding and memoised for the
-    forward pass (the layers share it; its gradient flows back to the bias's parameters once)."""
-    nq, nk = q.shape[-2], k.shape[-2]
-    offset = nk - nq
-    spans = list(_query_blocks(nq, nk, causal, GRAD_BLOCK))
-    masks = encoding.memo("grad-blocks", (q_pos, k_pos), (causal, q.dtype, GRAD_BLOCK), lambda: [
-        bias_block(encoding, q_pos[start:stop], k_pos[:keys], causal=causal, offset=offset + start, dtype=q.dtype)
-        for start, stop, keys in spans])
+    the scores of one causal square), its mask blocks built from the encoding once per forward pass
+    (shared by the layers through ``tables``: the gradient flows back to the bias's parameters once)."""
+    spans, masks = _block_masks(encoding, q_pos, k_pos, causal, q.dtype, GRAD_BLOCK, tables)
     outputs = [_softmax_attention(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], mask)
                for (start, stop, keys), mask in zip(spans, masks)]
     return torch.cat(outputs, dim=2)
@@ -436,7 +438,7 @@ def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, re
     return create_block_mask(within, None, None, nq, nk, device=str(q_pos.device))
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
+def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
     nq, nk = q.shape[-2], k.shape[-2]
     if reach is not None:
         block_mask = _reach_block_mask(q_pos, k_pos, causal, reach)
@@ -457,7 +459,7 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None):
     return first_kernel_that_compiles(
         key,
         lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
-        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach),
+        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, tables),
     )
 
 
@@ -583,6 +585,7 @@ def attention(
     positions: torch.Tensor | None = None,
     cache: KVCache | SinkCache | None = None,
     reach: int | None = None,
+    tables: Tables | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
@@ -590,10 +593,12 @@ def attention(
     is multi-query): query head ``i`` attends with key head ``i // (h / h_kv)`` (:func:`repeat_kv`), and a
     :class:`KVCache` stores the ``h_kv`` heads only. Half-precision inputs give an output of their dtype.
 
-    ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens;
-    pass the same tensor to every layer so that the encoding's tables are computed once per forward.
+    ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens.
     Positions ``b n`` (Hugging Face's ``position_ids``) give each batch row its own: the same result as
-    attending row by row.
+    attending row by row. ``tables``: the encoding's :meth:`~posenc_lab.encodings.Encoding.tables` at this
+    very ``positions`` tensor, which a model builds once per forward pass and hands to every layer (its
+    rotation tables, and the bias mask the first layer builds for the others); without them, everything
+    is computed here.
     ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
     bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
     one-directional T5 bias have no non-causal form and refuse it.
@@ -604,61 +609,17 @@ def attention(
 
     ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
     away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
-    cache's slots (``positions`` is ignored) and every key is rotated anew at each step.
+    cache's slots (``positions`` and ``tables`` are ignored) and every key is rotated anew at each step.
     """
-    if backend not in BACKENDS:
-        raise unknown_name("attention backend", backend, BACKENDS)
-    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
-        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
+    _check_options(backend, reach)
     encoding = _NOPE if encoding is None else encoding
     if isinstance(cache, SinkCache):
-        _check_inputs(q, k, v, None)
-        if not causal:
-            raise PosencError("a sink cache serves causal attention only")
-        if not encoding.cacheable:
-            raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
-                              "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
-                              "positions): a sink cache cannot serve it")
-        if cache.k is not None and cache.k.shape[0] != k.shape[0]:
-            raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
-                              f"batch of {k.shape[0]}: use a new cache for another batch")
-        if backend == "auto":
-            backend = "sdpa"
-        if backend == "flex" and not flex_available(q.device):
-            raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
-        k_all, v_all = cache.append(k, v)
-        k_pos = torch.arange(k_all.shape[-2], device=q.device)
-        q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
-        q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
-        heads = q.shape[1]
-        return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos,
-                                     causal, reach)
+        return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach)
+    if tables is not None and not tables.serves(encoding, positions):
+        raise PosencError("tables serve the encoding and the positions tensor they were built for "
+                          "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
     if cache is not None:
-        if positions is None:
-            positions = cache.next_positions(q.shape[-2], q.device)
-        positions = _check_inputs(q, k, v, positions)
-        if positions.dim() == 2:
-            raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
-                              "(n,), or rows that are all the same")
-        if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
-            backend = "sdpa"
-        if not encoding.cacheable:
-            raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
-                              "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, or "
-                              "randomized positions), which a key/value cache cannot serve: fix the factor "
-                              "(factor=...), use dynamic='cache', or run without a cache")
-        if not causal and not encoding.noncausal:
-            raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
-        if backend == "flex" and not flex_available(q.device):
-            raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
-        if cache.k is not None and cache.k.shape[0] != k.shape[0]:
-            raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
-                              f"batch of {k.shape[0]}: use a new cache (model.new_cache()) for another batch")
-        q = encoding.rotate_one(q, positions, "q")
-        k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k"), v, positions)
-        heads = q.shape[1]
-        return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
-                                     causal, reach)
+        return _attend_cache(q, k, v, encoding, backend, causal, positions, cache, reach, tables)
     positions = _check_inputs(q, k, v, positions)
     if positions.dim() == 2 and (encoding.has_bias or reach is not None):
         # a bias or a window read the positions of every pair: one row at a time, each with its own table
@@ -668,9 +629,73 @@ def attention(
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form{encoding.noncausal_hint}: use causal=True")
     if backend == "auto":
         backend = choose_backend(encoding, q.device)
-    if backend == "flex" and not flex_available(q.device):
-        raise PosencError(f"FlexAttention is not available on {q.device} with torch {torch.__version__}")
-    q, k = encoding.rotate(q, k, positions)
+    _check_flex(backend, q.device)
+    q, k = encoding.rotate(q, k, positions, tables)
     heads = q.shape[1]
     return _BACKEND_FNS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions, causal,
-                                 reach)
+                                 reach, tables)
+
+
+def _check_options(backend: str, reach) -> None:
+    if backend not in BACKENDS:
+        raise unknown_name("attention backend", backend, BACKENDS)
+    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
+        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
+
+
+def _check_flex(backend: str, device: torch.device) -> None:
+    if backend == "flex" and not flex_available(device):
+        raise PosencError(f"FlexAttention is not available on {device} with torch {torch.__version__}")
+
+
+def _check_batch(cache, k: torch.Tensor, hint: str = "") -> None:
+    if cache.k is not None and cache.k.shape[0] != k.shape[0]:
+        raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
+                          f"batch of {k.shape[0]}: use a new cache{hint} for another batch")
+
+
+def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, reach):
+    """:func:`attention` with a :class:`SinkCache`: every cached key rotated anew at its slot."""
+    _check_inputs(q, k, v, None)
+    if not causal:
+        raise PosencError("a sink cache serves causal attention only")
+    if not encoding.cacheable:
+        raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
+                          "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
+                          "positions): a sink cache cannot serve it")
+    _check_batch(cache, k)
+    backend = "sdpa" if backend == "auto" else backend
+    _check_flex(backend, q.device)
+    k_all, v_all = cache.append(k, v)
+    k_pos = torch.arange(k_all.shape[-2], device=q.device)
+    q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
+    q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos,
+                                 causal, reach)
+
+
+def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables):
+    """:func:`attention` with a :class:`KVCache`: the new keys rotated once, as they enter the cache."""
+    if positions is None:
+        positions = cache.next_positions(q.shape[-2], q.device)
+    positions = _check_inputs(q, k, v, positions)
+    if positions.dim() == 2:
+        raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
+                          "(n,), or rows that are all the same")
+    if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
+        backend = "sdpa"
+    if not encoding.cacheable:
+        raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
+                          "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, or "
+                          "randomized positions), which a key/value cache cannot serve: fix the factor "
+                          "(factor=...), use dynamic='cache', or run without a cache")
+    if not causal and not encoding.noncausal:
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
+    _check_flex(backend, q.device)
+    _check_batch(cache, k, " (model.new_cache())")
+    q = encoding.rotate_one(q, positions, "q", tables)
+    k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
+                                 causal, reach, tables)

@@ -5,7 +5,8 @@ width ``4 d``, tied input/output embeddings (untied on request: ``tie_embeddings
 initialisation (normal(0, 0.02), residual projections scaled by ``1 / sqrt(2 n_layer)``). One
 encoding object is shared by all layers: its ``embed`` hook runs once on the token embeddings, its
 ``rotate`` and ``bias`` hooks in every layer's attention (T5 shares its bias across layers the same
-way).
+way). Each forward pass asks the encoding once for its tables (:meth:`~posenc_lab.encodings.Encoding.tables`:
+RoPE's ``cos, sin``, the bias mask its first layer builds) and hands them to every layer.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(self, x, encoding, positions, cache=None, reach=None):
+    def forward(self, x, encoding, positions, cache=None, reach=None, tables=None):
         """``x`` is ``b n d_model``; returns the attention output projected back to ``b n d_model``."""
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
-        y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache, reach=reach)  # b h n d
+        y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache, reach=reach,
+                      tables=tables)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 
@@ -81,9 +83,9 @@ class Block(nn.Module):
         hidden = cfg.mlp_ratio * cfg.d_model
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, hidden), nn.GELU(), nn.Linear(hidden, cfg.d_model))
 
-    def forward(self, x, encoding, positions, cache=None, reach=None):
+    def forward(self, x, encoding, positions, cache=None, reach=None, tables=None):
         """``x`` is ``b n d_model``; returns the block's output, of the same shape."""
-        x = x + self.attn(self.ln1(x), encoding, positions, cache, reach)
+        x = x + self.attn(self.ln1(x), encoding, positions, cache, reach, tables)
         return x + self.mlp(self.ln2(x))
 
 
@@ -145,14 +147,15 @@ class GPT(nn.Module):
             raise PosencError(f"token ids must lie in 0 .. {self.cfg.vocab_size - 1}, "
                               f"got {int(idx.min())} .. {int(idx.max())}")
         start = 0 if not cache else len(cache[0])
-        # one tensor for every layer: the encoding's tables are built once per forward
         positions = torch.arange(start, start + idx.shape[1], device=idx.device)
         if cache is None:  # randomized positions (a variant's hook; the positions themselves otherwise)
             positions = self.encoding.forward_positions(positions, self.training)
         x = self.encoding.embed(self.tok_emb(idx), positions)
+        tables = self.encoding.tables(positions, x.dtype)  # once per forward pass, for every layer
         n_layer = len(self.blocks)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, cache or [None] * n_layer)):
-            x = block(x, self.encoding.for_layer(i, n_layer), positions, layer_cache, reach)
+            encoding = self.encoding.for_layer(i, n_layer)
+            x = block(x, encoding, positions, layer_cache, reach, tables if encoding is self.encoding else None)
         return self.head(self.ln_f(x))
 
     def new_cache(self, *, window: int | None = None, sinks: int = 0) -> list[KVCache] | list[SinkCache]:

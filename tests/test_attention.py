@@ -87,7 +87,6 @@ def test_blocked_long_attention_matches_reference(name):
         torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
         budget, backends.MASK_BUDGET = backends.MASK_BUDGET, 0
         try:
-            enc.clear_cache()
             torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
         finally:
             backends.MASK_BUDGET = budget
@@ -163,41 +162,58 @@ def test_bad_inputs_name_the_problem():
         attention(q, k, v, positions=torch.arange(3))
 
 
-def test_bias_mask_is_memoised_only_while_valid():
-    """Issue 10: one mask per forward under gradients; kept across windows without them; rebuilt after a step."""
-    from posenc_lab.backends import _memo_mask as bias_mask  # the memo's own tensor, to check identity
+def _tiny_gpt(name):
+    from posenc_lab.model import GPT, GPTConfig
 
-    enc = encoding("t5")
+    torch.manual_seed(0)
+    return GPT(GPTConfig(encoding=name, n_layer=3, n_head=H, d_model=H * D, train_len=32))
 
-    def mask(positions):
-        return bias_mask(enc, positions, positions, causal=True, dtype=torch.float32)
 
-    positions = torch.arange(N)
-    first = mask(positions)
-    assert first.requires_grad and mask(positions) is first  # the next layer of the same forward
-    assert mask(torch.arange(N)) is not first  # the next forward builds a fresh graph
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_a_forward_pass_builds_its_bias_once_for_every_layer(name, grad, monkeypatch):
+    """The model asks once per forward pass; its layers share the mask (and, under gradients, its graph)."""
+    from posenc_lab import backends
+
+    model, calls = _tiny_gpt(name), []
+    build = backends.bias_block
+    monkeypatch.setattr(backends, "bias_block", lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    x = torch.randint(0, 256, (2, N))
+    with torch.set_grad_enabled(grad):
+        model(x)
+        per_forward = len(calls)
+        model(x)
+    assert N <= backends.GRAD_BLOCK  # one block of queries: one mask per forward pass, however it trains
+    assert per_forward == 1 and len(calls) == 2  # once per forward pass: not once per layer, nor kept for the next
+
+
+def test_a_trained_bias_is_read_afresh_after_an_optimizer_step():
+    """Each forward pass reads the parameters as they are now: after a step, the model equals a fresh one
+    loaded with the same weights, and differs from what it computed before the step."""
+    model, x = _tiny_gpt("t5"), torch.randint(0, 256, (2, N))
+    opt = torch.optim.SGD(model.encoding.parameters(), lr=10.0)
     with torch.no_grad():
-        frozen = mask(torch.arange(N))
-        assert not frozen.requires_grad and mask(torch.arange(N)) is frozen  # the next evaluation window
-        assert mask(torch.arange(N) + 5) is not frozen  # other positions
-    under_grad = mask(torch.arange(N))
-    assert under_grad is not frozen and under_grad.requires_grad  # never a stale, graph-less mask under gradients
-    opt = torch.optim.SGD(enc.parameters(), lr=1.0)
-    under_grad.exp().nan_to_num(posinf=0).sum().backward()
-    opt.step()  # an optimizer step changes the table in place: the memoised mask is stale
+        before = model(x)
+    model.loss(x[:, :-1], x[:, 1:]).backward()
+    opt.step()
+    fresh = _tiny_gpt("t5")
+    fresh.load_state_dict(model.state_dict())
     with torch.no_grad():
-        after = mask(torch.arange(N))
-    assert after is not frozen
-    torch.testing.assert_close(after, bias_mask(copy.deepcopy(enc), positions, positions, causal=True, dtype=torch.float32))
-    assert not torch.equal(after, frozen)
+        after = model(x)
+        torch.testing.assert_close(after, fresh(x))
+    assert not torch.equal(after, before)
 
 
-def test_fixed_bias_is_shared_across_training_steps():
-    from posenc_lab.backends import _memo_mask as bias_mask  # the memo's own tensor, to check identity
-
-    enc = encoding("alibi")
-    first = bias_mask(enc, torch.arange(N), torch.arange(N), causal=True, dtype=torch.float32)
-    assert bias_mask(enc, torch.arange(N), torch.arange(N), causal=True, dtype=torch.float32) is first
+def test_tables_refuse_other_positions_or_another_encoding():
+    q, k, v = qkv()
+    enc, positions = encoding("rope"), torch.arange(N)
+    tables = enc.tables(positions)
+    torch.testing.assert_close(attention(q, k, v, enc, positions=positions, tables=tables),
+                               attention(q, k, v, enc, positions=positions))
+    with pytest.raises(PosencError, match="tables serve the encoding and the positions tensor"):
+        attention(q, k, v, enc, positions=torch.arange(N), tables=tables)
+    with pytest.raises(PosencError, match="tables serve the encoding and the positions tensor"):
+        attention(q, k, v, encoding("rope"), positions=positions, tables=tables)
 
 
 def test_causal_mask_is_folded_into_the_bias():

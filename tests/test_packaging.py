@@ -107,7 +107,8 @@ def test_the_package_wheel_is_code_only_and_small(wheels):
     assert code.stat().st_size <= 1_000_000
     names = zipfile.ZipFile(code).namelist()
     modules = {n for n in names if not n.startswith("posenc_lab-")}
-    assert modules == {f"posenc_lab/{p.name}" for p in (ROOT / "posenc_lab").glob("*.py")}
+    assert modules == {f"posenc_lab/{p.relative_to(ROOT / 'posenc_lab').as_posix()}"
+                       for p in (ROOT / "posenc_lab").rglob("*.py")}
 
 
 def test_the_data_wheel_holds_every_committed_table(wheels):

@@ -28,8 +28,9 @@ def public_names(module):
     for name, obj in vars(module).items():
         if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
             continue
-        if obj.__module__ != module.__name__:  # imported from elsewhere: checked where it is defined
-            continue
+        package = getattr(module, "__path__", None) is not None  # a package's page documents its submodules' names
+        if obj.__module__ != module.__name__ and not (package and obj.__module__.startswith(module.__name__ + ".")):
+            continue  # imported from elsewhere: checked where it is defined
         yield f"{module.__name__}.{name}", obj
         if inspect.isclass(obj):
             for attr, member in vars(obj).items():

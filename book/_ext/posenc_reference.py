@@ -1,7 +1,7 @@
 """Sphinx helpers for the package reference (book/reference): loaded through ``sphinx: local_extensions``.
 
 * Docstrings name other objects the way the code does, relative to the package (``:func:`rope.apply_rope```,
-  ``:class:`KVCache```, ``:meth:`Encoding.memo```), so that they read well in ``help()`` too. Sphinx resolves
+  ``:class:`KVCache```, ``:meth:`Encoding.tables```), so that they read well in ``help()`` too. Sphinx resolves
   only names relative to the current module or fully qualified ones; a reference it cannot resolve is tried
   again as ``posenc_lab.<name>`` and then as the unique documented object whose full name ends in
   ``.<name>``. A name that matches nothing, or several objects, stays a warning (``-n`` fails the build).
@@ -46,7 +46,7 @@ def _resolve(app: Sphinx, env: BuildEnvironment, node: pending_xref, contnode: n
         module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
         if module and qualname and domain.find_obj(env, None, None, f"{module}.{qualname}", reftype, 0):
             return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, f"{module}.{qualname}", node, contnode)
-    # 3. the one documented object whose full name ends in .target (Encoding.memo, KVCache)
+    # 3. the one documented object whose full name ends in .target (Encoding.tables, KVCache)
     matches = [name for name in domain.objects if name.startswith(PACKAGE + ".") and name.endswith("." + target)]
     if len(matches) == 1:
         return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, matches[0], node, contnode)

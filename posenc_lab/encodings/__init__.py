@@ -1,0 +1,92 @@
+"""Every position encoding as one object with the three hooks of a Transformer, and the registry.
+
+An encoding enters a Transformer in at most one of three places:
+
+============  =====================================================  ==============================
+hook          what it does                                            encodings
+============  =====================================================  ==============================
+``embed``     adds a vector to each token embedding                   sinusoidal, learned
+``rotate``    transforms queries and keys before the dot product      rope (+ scalings), xpos
+``bias``      adds ``b[h, i, j]`` to each attention logit             alibi, t5, kerple, fire
+(none)        nothing                                                 nope
+============  =====================================================  ==============================
+
+The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
+as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
+``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
+share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
+builds one from the model's shape. The classes live by hook: :mod:`.base` (the hooks, NoPE),
+:mod:`.embedded`, :mod:`.rotary`, :mod:`.biases` and :mod:`.randomized`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .. import bias
+from ..errors import PosencError, unknown_name
+from .base import Encoding, NoPE, Tables, position_span
+from .biases import T5, ALiBi, Fire, Kerple
+from .embedded import Learned, Sinusoidal, SinusoidalSmall
+from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
+from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
+
+__all__ = [
+    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "Kerple", "Learned", "NoPE", "PRoPE",
+    "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers",
+    "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "make_encoding", "position_span", "strategies_of",
+]
+
+
+#: the one registry of encodings: name -> class (:func:`make_encoding` builds one from the model's shape)
+ENCODINGS: dict[str, type[Encoding]] = {
+    cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
+                              Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
+                              RandomizedLearned)
+}
+
+
+def strategies_of(name: str, strategies) -> tuple[str, ...]:
+    """The RoPE strategies an experiment evaluates on a trained ``name``: ``strategies`` where the encoding has them
+    (:attr:`Encoding.has_strategies`), ``("-",)`` (the model as trained) otherwise."""
+    return tuple(strategies) if ENCODINGS[name].has_strategies else ("-",)
+
+
+#: the encodings themselves, without their variants (the default of every experiment)
+PRIMARY: tuple[str, ...] = tuple(name for name, cls in ENCODINGS.items() if cls.variant_of is None)
+
+
+def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | None = None,
+                  head_dim: int | None = None, train_len: int | None = None, **options) -> Encoding:
+    """Build encoding ``name`` from the shape of the model it goes into.
+
+    Each encoding takes only what it uses (its class's ``shape``): RoPE and xPos the head dimension (``head_dim``,
+    or ``d_model / num_heads``) and RoPE the training length, the biases the number of heads (FIRE the training
+    length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows). ``options`` go to the
+    encoding's constructor (``scaling="yarn", factor=4.0`` for RoPE, ``bidirectional=True`` for T5, ...).
+    """
+    if name not in ENCODINGS:
+        raise unknown_name("encoding", name, ENCODINGS)
+    cls = ENCODINGS[name]
+    if num_heads is not None:
+        bias.check_heads(num_heads)
+    if head_dim is None and d_model is not None and num_heads is not None:
+        if d_model % num_heads:
+            raise PosencError(f"d_model {d_model} is not divisible by the number of heads {num_heads}")
+        head_dim = d_model // num_heads
+    known = {"d_model": d_model, "num_heads": num_heads, "head_dim": head_dim, "train_len": train_len}
+    kwargs = {arg: known[quantity] for arg, quantity in cls.shape.items() if known[quantity] is not None}
+    missing = [quantity for arg, quantity in cls.shape.items() if arg not in kwargs and _required(cls, arg)]
+    if missing:
+        hint = " (or d_model and num_heads)" if "head_dim" in missing else ""
+        raise PosencError(f"encoding {name!r} needs {', '.join(missing)}{hint}")
+    try:
+        return cls(**kwargs, **options)
+    except TypeError as err:
+        raise PosencError(f"encoding {name!r} got an unexpected option: {err}") from None
+
+
+def _required(cls: type, argument: str) -> bool:
+    """Whether ``cls``'s constructor has no default for ``argument``."""
+    parameter = inspect.signature(cls).parameters.get(argument)
+    return parameter is not None and parameter.default is inspect.Parameter.empty

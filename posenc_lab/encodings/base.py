@@ -1,0 +1,138 @@
+"""The base of every encoding: the three hooks (each "do nothing" by default, which is NoPE) and the
+tables one forward pass shares among its layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def position_span(positions: torch.Tensor) -> int:
+    """``max(positions) + 1``, the size of the tables an encoding needs for ``positions``.
+
+    Under ``torch.compile``, where reading a tensor's value would break the graph, positions are the
+    model's ``0 .. n-1`` and the span is their number.
+    """
+    if torch.compiler.is_compiling():
+        return positions.shape[-1]
+    return int(positions.max()) + 1 if positions.numel() else 0
+
+
+class Tables:
+    """What the layers of one forward pass share: built once by the model (:meth:`Encoding.tables`), handed to
+    every layer's hooks and attention, dropped when the forward pass ends (as Hugging Face's models compute
+    ``position_embeddings`` once and pass them to each layer).
+
+    ``rotation`` holds a rotary encoding's spread ``cos, sin`` tables (``n d``, or ``b n d`` for positions
+    ``b n``; :func:`rope.spread_tables`); :meth:`shared` holds what the attention backends derive from a bias
+    (its mask, in the form the backend consumes), built by the first layer that asks, as Hugging Face's T5
+    hands the first layer's ``position_bias`` to the others. Nothing outlives the forward pass, so nothing
+    can go stale: a parameter updated between two passes is read afresh by the next.
+    """
+
+    def __init__(self, encoding: "Encoding", positions: torch.Tensor, rotation: tuple | None = None):
+        self.encoding, self.positions, self.rotation = encoding, positions, rotation
+        self._shared: dict = {}
+
+    def serves(self, encoding: "Encoding", positions: torch.Tensor) -> bool:
+        """Whether these are the tables of ``encoding`` at ``positions`` (the very objects they were built for)."""
+        return self.encoding is encoding and self.positions is positions
+
+    def shared(self, key: tuple, build: Callable):
+        """``build()`` the first time ``key`` is asked for in this forward pass; the same object every later time."""
+        if key not in self._shared:
+            self._shared[key] = build()
+        return self._shared[key]
+
+
+class Encoding(nn.Module):
+    """Base class: every hook defaults to "do nothing" (which is NoPE)."""
+
+    name = "nope"
+    hook = "none"
+    #: True when the bias depends on the signed distance ``i - j`` only (then ``distance_bias`` is defined)
+    distance_only = False
+    #: for a variant of another encoding (a different recipe of the same idea), that encoding's name
+    variant_of: str | None = None
+    #: what :func:`make_encoding` hands the constructor from the model's shape: ``{argument: quantity}``, the
+    #: quantities being ``d_model``, ``num_heads``, ``head_dim`` and ``train_len``
+    shape: dict[str, str] = {}
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``x`` is ``b n d_model``; returns the embeddings with position information added."""
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               tables: Tables | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q, k`` are ``b h n d``; returns them transformed. ``tables``: this encoding's :meth:`tables` at
+        ``positions`` (a model's forward pass builds them once for all its layers); computed here without."""
+        return q, k
+
+    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor, role: str,
+                   tables: Tables | None = None) -> torch.Tensor:
+        """Transform queries (``role="q"``) or keys (``role="k"``) alone: a key/value cache rotates each
+        key once, when it enters the cache, and each new query at its own position."""
+        return x
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+        """The :class:`Tables` every layer of a forward pass over ``positions`` shares (``dtype``: the activations'):
+        the model asks once per forward pass and hands them to each layer's hooks and attention."""
+        return Tables(self, positions)
+
+    def for_layer(self, layer: int, n_layer: int) -> "Encoding":
+        """The encoding layer ``layer`` (of ``n_layer``) attends with: the same one in every layer, except in
+        variants that leave some layers without position (:class:`RoPENoPELayers`)."""
+        return self
+
+    def forward_positions(self, positions: torch.Tensor, training: bool) -> torch.Tensor:
+        """The positions a forward pass without a cache gives its tokens (``training``: in training mode):
+        ``positions`` itself, except in the randomized variants (:class:`RandomizedRoPE`,
+        :class:`RandomizedLearned`)."""
+        return positions
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the encoding enters through the ``bias`` hook."""
+        return self.hook == "bias"
+
+    #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
+    cacheable = True
+
+    #: whether the encoding has a defined form for non-causal (bidirectional) attention
+    noncausal = True
+    #: how to build the encoding's non-causal form, where an option gives one (said in the error otherwise)
+    noncausal_hint = ""
+    #: whether an experiment evaluates RoPE's extrapolation strategies on the trained model (plain RoPE; its variants
+    #: are evaluated as trained)
+    has_strategies = False
+
+    def score_mod(self, positions: Callable) -> Callable | None:
+        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` of the encoding's own, given
+        ``positions(q_idx, kv_idx) -> (i, j)``; None lets the backend build one from :meth:`bias` (a per-distance
+        table when ``distance_only``, else the whole bias gathered), which serves any bias encoding."""
+        return None
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """``b[h, i, j]`` for every head, query and key position, or None."""
+        return None
+
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        """``b[h, k]``: the bias at each signed distance ``distances[k] = m - n`` (only when ``distance_only``)."""
+        raise NotImplementedError(f"{self.name} has no per-distance bias")
+
+    def distance_only_at(self, q_pos: torch.Tensor) -> bool:
+        """Whether, for these query positions, the bias depends on the distance alone."""
+        return self.distance_only
+
+    def extra_repr(self) -> str:
+        return f"hook={self.hook}"
+
+    def needs_grad(self) -> bool:
+        """Whether what the encoding computes now takes part in autograd (grad mode and a learned parameter)."""
+        return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+
+
+class NoPE(Encoding):
+    """No position signal at all (Kazemnejad et al. 2023): a causal mask alone still lets a model infer position."""

@@ -1,0 +1,153 @@
+"""The encodings that add a bias ``b[h, i, j]`` to the attention logits: ALiBi, T5, KERPLE and FIRE."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from .. import bias
+from ..errors import PosencError
+from .base import Encoding
+
+
+class _BiasEncoding(Encoding):
+    """A bias encoding: ``bias(q_pos, k_pos)`` is ``h i j`` for positions ``i`` and ``j``, and ``b h i j`` for
+    positions ``b i`` and ``b j`` (one table per batch row; a 1-d side is shared by every row)."""
+
+    hook = "bias"
+    distance_only = True
+    shape = {"num_heads": "num_heads"}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "bias" in cls.__dict__:  # every subclass's formula also serves positions of shape (b, n), row by row
+            cls.bias = _per_row(cls.__dict__["bias"])
+
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
+
+    def device(self) -> torch.device:
+        return next(iter(self.parameters()), next(iter(self.buffers()), torch.empty(0))).device
+
+
+def _per_row(bias: Callable) -> Callable:
+    """``bias`` (one table ``h i j`` from 1-d positions) extended to positions ``b n``: a stack of per-row tables."""
+
+    @functools.wraps(bias)
+    def batched(self, q_pos, k_pos):
+        if q_pos.dim() == 1 and k_pos.dim() == 1:
+            return bias(self, q_pos, k_pos)
+        if q_pos.dim() > 2 or k_pos.dim() > 2:
+            raise PosencError(f"bias positions must be (n,) or (b, n), got {tuple(q_pos.shape)} and {tuple(k_pos.shape)}")
+        rows = max(p.shape[0] for p in (q_pos, k_pos) if p.dim() == 2)
+        q_rows, k_rows = (p.expand(rows, -1) if p.dim() == 2 else p.expand(rows, p.shape[-1]) for p in (q_pos, k_pos))
+        return torch.stack([bias(self, qp, kp) for qp, kp in zip(q_rows, k_rows)])
+
+    return batched
+
+
+class ALiBi(_BiasEncoding):
+    """ALiBi (Press et al. 2022): ``b[h, i, j] = -m_h |i - j|`` with fixed slopes :func:`bias.alibi_slopes`.
+
+    The paper defines the causal case; for non-causal attention the same ``-m_h |i - j|`` is used
+    for keys on both sides of the query.
+    """
+
+    name = "alibi"
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", bias.alibi_slopes(num_heads).to(torch.float32), persistent=False)
+
+    def bias(self, q_pos, k_pos):
+        return bias.alibi_bias(self.slopes, q_pos, k_pos)
+
+    def score_mod(self, positions):
+        slopes = self.slopes
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score - slopes[h] * (i - j).abs()
+
+        return alibi
+
+
+class T5(_BiasEncoding):
+    """T5 relative bias (Raffel et al. 2020): a learned scalar per head and log-spaced distance bucket.
+
+    ``bidirectional=False`` (a decoder) buckets only keys at or before the query, and is defined for
+    causal attention only; ``bidirectional=True`` (the encoder) has buckets for both sides.
+    """
+
+    name = "t5"
+
+    def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
+        super().__init__()
+        self.table = bias.T5Bias(num_heads, num_buckets=num_buckets, max_distance=max_distance,
+                                 bidirectional=bidirectional)
+        self.noncausal = bidirectional
+
+    noncausal_hint = " (build it with bidirectional=True)"
+
+    def bias(self, q_pos, k_pos):
+        return self.table(q_pos, k_pos)
+
+
+class Kerple(_BiasEncoding):
+    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)``, ``r1, r2`` learned (symmetric in ``i, j``)."""
+
+    name = "kerple"
+
+    def __init__(self, num_heads: int, **options):
+        super().__init__()
+        self.kernel = bias.KerpleLog(num_heads, **options)
+
+    def bias(self, q_pos, k_pos):
+        return self.kernel(q_pos, k_pos)
+
+
+class Fire(_BiasEncoding):
+    """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``m`` too.
+
+    Defined for causal attention only (its normaliser ``psi(max(L~, m))`` bounds the distance to the
+    keys *before* query ``m``). While every query position is at most the threshold ``L~`` (training,
+    and the first ``L~`` positions of any window), the normaliser is the constant ``psi(L~)`` and the
+    bias depends on the distance alone: then it is built from a per-distance table, exactly the same
+    values as pair by pair (:meth:`distance_only_at`).
+    """
+
+    name = "fire"
+    distance_only = False
+    shape = {"num_heads": "num_heads", "train_len": "train_len"}
+    noncausal = False
+
+    def __init__(self, num_heads: int, *, train_len: int = 512, **options):
+        super().__init__()
+        options.setdefault("init_threshold", float(train_len))
+        self.fire = bias.FIRE(num_heads, **options)
+
+    def bias(self, q_pos, k_pos):
+        return self.fire(q_pos, k_pos)
+
+    def score_mod(self, positions):
+        """FIRE pair by pair (its bias depends on the query position too): the module's own normaliser and MLP."""
+        c, threshold = self.fire.params()
+
+        def fire(score, b, h, q_idx, kv_idx):
+            i, j = positions(q_idx, kv_idx)
+            return score + self.fire.mlp(bias.fire_input(i.reshape(1), j.reshape(1), c, threshold).reshape(1))[h]
+
+        return fire
+
+    def distance_only_at(self, q_pos: torch.Tensor) -> bool:
+        if torch.compiler.is_compiling() or q_pos.numel() == 0:
+            return False
+        return float(q_pos.max()) <= float(self.fire.params()[1].detach())
+
+    def distance_bias(self, distances: torch.Tensor) -> torch.Tensor:
+        """``b[h, k]`` at signed distances ``distances[k]`` for queries at or below the threshold (see above): each
+        distance is passed as a query position against a key at 0, which keeps the normaliser at ``psi(L~)`` for
+        every distance up to ``L~`` (negative distances read as 0, as for any future key)."""
+        return self.bias(distances, torch.zeros(1, dtype=distances.dtype, device=distances.device))[:, :, 0]
