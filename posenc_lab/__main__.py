@@ -90,7 +90,7 @@ class _Version(argparse.Action):
 
 def parser() -> argparse.ArgumentParser:
     from .evaluate import MODES
-    from .experiment import MAIN_ENCODINGS, PRESETS
+    from .experiment import ARTICLE_ENCODINGS, PRESETS
 
     p = argparse.ArgumentParser(prog="posenc-lab", description="Train with each position encoding at one length, "
                                 "evaluate far beyond it.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"),
                    help=f"RoPE extrapolation strategies to evaluate: {', '.join(ROPE_SCALINGS)}")
     r.add_argument("--seeds", type=_ints, help="seeds of every encoding run (e.g. 0,1,2); with --other-seeds "
-                   f"too, of the article's encodings ({', '.join(MAIN_ENCODINGS)}) only")
+                   f"too, of the article's encodings ({', '.join(ARTICLE_ENCODINGS)}) only")
     r.add_argument("--other-seeds", type=_ints, help="seeds of the encodings outside the article's (default: --seeds "
                    "when given, else the preset's)")
     r.add_argument("--steps", type=int, help="training steps")

@@ -64,6 +64,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def default_compile(device: torch.device) -> bool:
+    """Whether to ``torch.compile`` the training step by default: on CUDA, not on the CPU."""
+    return device.type == "cuda"
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 on CUDA where supported, fp16 on other CUDA GPUs, None (fp32) on the CPU."""
     if device.type != "cuda":
