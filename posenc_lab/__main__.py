@@ -10,6 +10,8 @@ from pathlib import Path
 from .encodings import ENCODINGS
 from .errors import PosencError, TrainingDiverged
 from .extras import MissingExtra, require
+from .jobs import run_jobs
+from .jobs import without_options as _without  # noqa: F401  (argv of a unit's process, for the tests)
 from .rope import ROPE_SCALINGS
 
 EPILOG = """examples:
@@ -59,7 +61,6 @@ def version_text() -> str:
     """The package's version and, for each committed run shipped with it, the commits of ``posenc_lab`` that
     produced its results (the ``git_commit`` of its rows; ``-dirty``: the package's source had uncommitted edits)."""
     from collections import Counter
-    from pathlib import Path
 
     from . import __version__, results
 
@@ -89,13 +90,27 @@ class _Version(argparse.Action):
 
 
 def parser() -> argparse.ArgumentParser:
-    from .evaluate import MODES
-    from .experiment import MAIN_ENCODINGS, PRESETS
-
+    """The command line's parser: one subcommand per kind of run, and ``report`` and ``presets``."""
     p = argparse.ArgumentParser(prog="posenc-lab", description="Train with each position encoding at one length, "
                                 "evaluate far beyond it.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=_Version, help="the package's version and the commits of the results it ships")
     sub = p.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    _retrieval_parser(sub)
+    _context_parser(sub)
+    rep = sub.add_parser("report", help="tables and figures of a run folder")
+    rep.add_argument("folder")
+    rep.add_argument("--no-figures", action="store_true")
+
+    sub.add_parser("presets", help="list the presets")
+    return p
+
+
+def _run_parser(sub) -> None:
+    """``run``: the options of a language-model run, each one a field of :class:`~posenc_lab.specs.Spec` or how to
+    run it."""
+    from .evaluate import MODES
+    from .experiment import ARTICLE_ENCODINGS, PRESETS
 
     r = sub.add_parser("run", help="train and evaluate (continues an interrupted run)", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -109,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--strategies", type=lambda s: _names(s, list(ROPE_SCALINGS), "RoPE strategy"),
                    help=f"RoPE extrapolation strategies to evaluate: {', '.join(ROPE_SCALINGS)}")
     r.add_argument("--seeds", type=_ints, help="seeds of every encoding run (e.g. 0,1,2); with --other-seeds "
-                   f"too, of the article's encodings ({', '.join(MAIN_ENCODINGS)}) only")
+                   f"too, of the article's encodings ({', '.join(ARTICLE_ENCODINGS)}) only")
     r.add_argument("--other-seeds", type=_ints, help="seeds of the encodings outside the article's (default: --seeds "
                    "when given, else the preset's)")
     r.add_argument("--steps", type=int, help="training steps")
@@ -147,7 +162,9 @@ def parser() -> argparse.ArgumentParser:
     _distributed_options(r)
     r.add_argument("--no-report", action="store_true", help="skip the report at the end")
 
-    from .context import CONTEXT_PRESETS
+
+def _retrieval_parser(sub) -> None:
+    """``retrieval``: the options of a passkey-retrieval run (fields of :class:`~posenc_lab.retrieval.RetrievalSpec`)."""
     from .retrieval import RETRIEVAL_PRESETS
 
     ret = sub.add_parser("retrieval", help="passkey retrieval at 1x to 8x the training length (continues an "
@@ -184,6 +201,11 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--no-progress", action="store_true")
     _distributed_options(ret)
 
+
+def _context_parser(sub) -> None:
+    """``context``: the options of the context measurements (fields of :class:`~posenc_lab.context.ContextSpec`)."""
+    from .context import CONTEXT_PRESETS
+
     ctx = sub.add_parser("context", help="does a trained language model use the context past its training length? "
                          "(the gain from far context and a Python passkey; continues an interrupted run)",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -207,13 +229,6 @@ def parser() -> argparse.ArgumentParser:
     ctx.add_argument("--jobs", type=int, default=1, help="units measured at once, each in its own process")
     ctx.add_argument("--no-progress", action="store_true")
     ctx.add_argument("--no-report", action="store_true", help="skip the report at the end")
-
-    rep = sub.add_parser("report", help="tables and figures of a run folder")
-    rep.add_argument("folder")
-    rep.add_argument("--no-figures", action="store_true")
-
-    sub.add_parser("presets", help="list the presets")
-    return p
 
 
 def _report(folder, figures: bool = True) -> str:
@@ -239,7 +254,7 @@ def main(argv=None) -> int:
         return 2
     args = parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --jobs hands each unit's process
-    from . import distributed, experiment, report
+    from . import distributed, experiment
 
     try:
         if args.command in ("run", "retrieval") and distributed.launched_by_torchrun():
@@ -247,7 +262,7 @@ def main(argv=None) -> int:
 
             distributed.init(torch.device(args.device) if args.device else None, backend=args.dist_backend,
                              timeout_s=args.dist_timeout)
-        return _command(args, experiment, report)
+        return _command(args, experiment)
     except (PosencError, TrainingDiverged) as err:
         print(f"posenc-lab: error: {err}", file=sys.stderr)
         return 2
@@ -283,69 +298,6 @@ def _unit(text: str) -> tuple[str, int]:
     return encoding, int(seed)
 
 
-def _run_jobs(units: list[tuple[str, int]], jobs: int, out: Path, argv: list[str]) -> None:
-    """Each unit in its own ``python -m posenc_lab`` process with this command's arguments ``argv``, ``jobs`` at
-    a time.
-
-    The processes share ``out`` (each writes its own unit file), and a unit already finished is skipped as
-    always; the command then goes on to write the tables. A failed unit is named with its log; the others run on.
-    """
-    import os
-    import signal
-
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
-    waiting, running, failed = list(units), {}, []
-    try:
-        _pool(waiting, running, failed, jobs, logs, env, argv)
-    except KeyboardInterrupt:  # stop every unit cleanly: each keeps its last training checkpoint and resumes
-        for proc, _, _ in running.values():
-            proc.send_signal(signal.SIGINT)
-        for proc, _, _ in running.values():
-            proc.wait(timeout=60)
-        raise
-    if failed:
-        raise PosencError(f"{len(failed)} units failed: {', '.join(failed)}")
-
-
-def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
-    """``argv`` without ``options`` and their values (``--unit X`` and ``--unit=X`` alike)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in options:
-            skip = True
-        elif not arg.startswith(tuple(o + "=" for o in options)):
-            kept.append(arg)
-    return kept
-
-
-def _pool(waiting, running, failed, jobs, logs, env, argv) -> None:
-    import subprocess
-    import time
-
-    argv = _without(argv, ("--unit", "--jobs"))  # each process gets its one unit
-
-    while waiting or running:
-        while waiting and len(running) < jobs:
-            encoding, seed = waiting.pop(0)
-            log = logs / f"{encoding}-s{seed}.log"
-            command = [sys.executable, "-m", "posenc_lab", *argv, "--unit", f"{encoding}:{seed}", "--jobs", "1",
-                       "--no-report", "--no-progress"]
-            running[(encoding, seed)] = (subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                                          env=env), time.time(), log)
-        time.sleep(1)
-        for unit, (proc, start, log) in list(running.items()):
-            if proc.poll() is not None:
-                del running[unit]
-                print(f"{unit[0]}:{unit[1]} {'done' if proc.returncode == 0 else 'FAILED'} in "
-                      f"{time.time() - start:.0f} s ({len(waiting)} waiting, {len(running)} running)", flush=True)
-                if proc.returncode:
-                    failed.append(f"{unit[0]}:{unit[1]} (log: {log})")
-
-
 def _asked(args, base, overrides: dict) -> dict:
     """``overrides`` with the two rules of ``run``: ``--seeds`` alone seeds every encoding, and the preset's sliding
     windows are kept only where they are evaluated (at the lengths asked, and only when sliding is a mode)."""
@@ -361,57 +313,74 @@ def _asked(args, base, overrides: dict) -> dict:
     return overrides
 
 
-def _command(args, experiment, report) -> int:
+def _command(args, experiment) -> int:
     """Run one command of the parsed ``args``; errors propagate to :func:`main`."""
+    if args.command == "presets":
+        _presets(experiment)
+    elif args.command == "retrieval":
+        _retrieval(args)
+    elif args.command == "context":
+        _context(args)
+    elif args.command == "report":
+        print(_report(args.folder, figures=not args.no_figures))
+    else:
+        _run(args, experiment)
+    return 0
+
+
+def _presets(experiment) -> None:
+    """``presets``: one line for each preset of every kind of run."""
+    from .context import CONTEXT_PRESETS
+    from .retrieval import RETRIEVAL_PRESETS
+
+    for name, spec in experiment.PRESETS.items():
+        print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+              f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
+              f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
+    for name, spec in RETRIEVAL_PRESETS.items():
+        print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
+              f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
+              f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
+              f"per cell. {spec.notes}")
+    for name, spec in CONTEXT_PRESETS.items():
+        print(f"{name} (context) the trained models of {spec.run or '--run'}: gain at "
+              f"{', '.join(map(str, spec.lengths))}, passkey at {', '.join(f'{m}x' for m in spec.passkey_multiples)}"
+              f"; seeds {list(spec.seeds)}. {spec.notes}")
+
+
+def _retrieval(args) -> None:
+    """``retrieval``: a passkey-retrieval run, then its report."""
+    from . import distributed, retrieval
+
+    names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
+    spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+    out = args.out or f"runs/{args.preset}"
+    retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
+    if distributed.is_main():
+        print(retrieval.report(out))
+
+
+def _context(args) -> None:
+    """``context``: the context measurements on a run's trained models, then their report."""
+    from . import context
+
+    names = [f.name for f in fields(context.ContextSpec) if f.name not in ("preset", "notes")]
+    spec = context.context_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+    if not spec.run:
+        raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
+    out = args.out or f"runs/{args.preset}"
+    if args.jobs > 1:
+        run_jobs(args.units or context.units_of(spec), args.jobs, Path(out), args.argv)
+    context.run(spec, out, device=args.device, progress=not args.no_progress, corpus=args.corpus,
+                only=args.units)
+    if not args.no_report:
+        print(context.report(out))
+
+
+def _run(args, experiment) -> None:
+    """``run``: train and evaluate (or, with ``--extend``, only evaluate what a finished run lacks), then report."""
     from . import distributed
 
-    if args.command == "presets":
-        for name, spec in experiment.PRESETS.items():
-            print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-                  f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
-                  f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
-        from .retrieval import RETRIEVAL_PRESETS
-
-        for name, spec in RETRIEVAL_PRESETS.items():
-            print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-                  f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
-                  f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
-                  f"per cell. {spec.notes}")
-        from .context import CONTEXT_PRESETS
-
-        for name, spec in CONTEXT_PRESETS.items():
-            print(f"{name} (context) the trained models of {spec.run or '--run'}: gain at "
-                  f"{', '.join(map(str, spec.lengths))}, passkey at {', '.join(f'{m}x' for m in spec.passkey_multiples)}"
-                  f"; seeds {list(spec.seeds)}. {spec.notes}")
-        return 0
-    if args.command == "retrieval":
-        from . import retrieval
-
-        names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
-        spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
-        out = args.out or f"runs/{args.preset}"
-        retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
-        if distributed.is_main():
-            print(retrieval.report(out))
-        return 0
-    if args.command == "context":
-        from . import context
-
-        names = [f.name for f in fields(context.ContextSpec) if f.name not in ("preset", "notes")]
-        spec = context.context_preset(args.preset, **{n: getattr(args, n, None) for n in names})
-        if not spec.run:
-            raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
-        out = args.out or f"runs/{args.preset}"
-        if args.jobs > 1:
-            _run_jobs(args.units or context.units_of(spec), args.jobs, Path(out), args.argv)
-        context.run(spec, out, device=args.device, progress=not args.no_progress, corpus=args.corpus,
-                    only=args.units)
-        if not args.no_report:
-            print(context.report(out))
-        return 0
-    if args.command == "report":
-        print(_report(args.folder, figures=not args.no_figures))
-        return 0
     overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
                  if f.name not in ("preset", "notes")}
     base = experiment.preset(args.preset)
@@ -421,12 +390,11 @@ def _command(args, experiment, report) -> int:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
     else:
         if args.jobs > 1:
-            _run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out), args.argv)
+            run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out), args.argv)
         experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress,
                        only=args.units)
     if not args.no_report and distributed.is_main():
         print(_report(out))
-    return 0
 
 
 if __name__ == "__main__":

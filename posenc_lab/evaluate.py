@@ -80,23 +80,10 @@ def _cannot_extrapolate(reason: str, t0: float) -> dict:
 
 
 @torch.no_grad()
-def evaluate(
-    model,
-    stream: torch.Tensor,
-    *,
-    length: int,
-    tokens: int,
-    mode: str = "nonoverlapping",
-    stride: int | None = None,
-    context: int = 0,
-    documents: torch.Tensor | None = None,
-    batch_size: int = 8,
-    device: torch.device | str = "cpu",
-    progress: bool = False,
-    desc: str = "eval",
-    reach: int | None = None,
-    per_target: bool = False,
-) -> dict:
+def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str = "nonoverlapping",
+             stride: int | None = None, context: int = 0, documents: torch.Tensor | None = None, batch_size: int = 8,
+             device: torch.device | str = "cpu", progress: bool = False, desc: str = "eval", reach: int | None = None,
+             per_target: bool = False) -> dict:
     """Mean loss (nats), perplexity and bits per byte over targets ``context + 1 .. context + tokens`` of ``stream``.
 
     ``documents`` (optional, one integer per byte of ``stream``) names the document each byte belongs
@@ -126,30 +113,47 @@ def evaluate(
     if limit is not None and length > limit:
         return _cannot_extrapolate(f"a learned position table of {limit} positions cannot score windows of {length}", t0)
     n_docs = int(documents.max()) + 1 if documents is not None and len(documents) else 0
-    batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
-    scored = []  # (window index, (summed loss of its scored targets, their number, per-position losses, per-document sums))
     try:
-        with flush_denormals():
-            # under torchrun each process scores every world-th batch; the same batches as on one process,
-            # so every window's losses are bit for bit the single-process ones
-            for b, batch in tqdm(distributed.my_share(batches), desc=desc, leave=False,
-                                 disable=not progress or not distributed.is_main()):
-                windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
-                with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
-                    losses = (model.token_losses(windows[:, :-1], windows[:, 1:]) if reach is None else
-                              model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach)).double().cpu()  # b n
-                for w, (row, (start, first)) in enumerate(zip(losses, batch)):
-                    per_position = row if first == 0 else None
-                    per_doc = None
-                    if documents is not None:  # the document of each scored target (stream index start + i + 1)
-                        owners = documents[start + first + 1 : start + length + 1].long()
-                        per_doc = (torch.bincount(owners, weights=row[first:], minlength=n_docs),
-                                   torch.bincount(owners, minlength=n_docs))
-                    targets = row[first:].clone() if per_target else None
-                    scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc,
-                                                        start + first - context, targets)))
+        scored = _score_windows(model, stream, plan, length=length, context=context, documents=documents,
+                                n_docs=n_docs, batch_size=batch_size, device=device, progress=progress, desc=desc,
+                                reach=reach, per_target=per_target)
     except PositionOutOfRange as err:
         return _cannot_extrapolate(str(err), t0)
+    return _summarise(scored, length=length, tokens=tokens, expected=expected, n_docs=n_docs,
+                      by_document=documents is not None, per_target=per_target, t0=t0)
+
+
+def _score_windows(model, stream, plan, *, length, context, documents, n_docs, batch_size, device, progress, desc,
+                   reach, per_target) -> list:
+    """The losses of every window of ``plan``, as ``(window index, (summed loss of its scored targets, their
+    number, per-position losses, per-document sums, offset of its first scored target, per-target losses))``."""
+    batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
+    scored = []
+    with flush_denormals():
+        # under torchrun each process scores every world-th batch; the same batches as on one process,
+        # so every window's losses are bit for bit the single-process ones
+        for b, batch in tqdm(distributed.my_share(batches), desc=desc, leave=False,
+                             disable=not progress or not distributed.is_main()):
+            windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
+            with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
+                losses = (model.token_losses(windows[:, :-1], windows[:, 1:]) if reach is None else
+                          model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach)).double().cpu()  # b n
+            for w, (row, (start, first)) in enumerate(zip(losses, batch)):
+                per_position = row if first == 0 else None
+                per_doc = None
+                if documents is not None:  # the document of each scored target (stream index start + i + 1)
+                    owners = documents[start + first + 1 : start + length + 1].long()
+                    per_doc = (torch.bincount(owners, weights=row[first:], minlength=n_docs),
+                               torch.bincount(owners, minlength=n_docs))
+                targets = row[first:].clone() if per_target else None
+                scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc,
+                                                    start + first - context, targets)))
+    return scored
+
+
+def _summarise(scored: list, *, length: int, tokens: int, expected: int, n_docs: int, by_document: bool,
+               per_target: bool, t0: float) -> dict:
+    """The result of :func:`evaluate` from the windows' losses, gathered from every process in window order."""
     total, count = 0.0, 0
     position_sum = torch.zeros(length, dtype=torch.float64)
     position_windows = 0
@@ -180,6 +184,6 @@ def evaluate(
         "seconds": time.perf_counter() - t0,
         "per_position": (position_sum / position_windows).tolist() if position_windows else None,
         "per_document": ({d: [doc_sum[d].item(), int(doc_count[d])] for d in range(n_docs) if doc_count[d]}
-                         if documents is not None else None),
+                         if by_document else None),
         **({"per_target": each_target} if per_target else {}),
     }

@@ -64,6 +64,11 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def default_compile(device: torch.device) -> bool:
+    """Whether to ``torch.compile`` the training step by default: on CUDA, not on the CPU."""
+    return device.type == "cuda"
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 on CUDA where supported, fp16 on other CUDA GPUs, None (fp32) on the CPU."""
     if device.type != "cuda":
@@ -160,21 +165,11 @@ class _Loss(torch.nn.Module):
         return self.model.loss(x, y)
 
 
-def train(
-    model,
-    stream: torch.Tensor | None,
-    cfg: TrainConfig,
-    *,
-    length: int | None = None,
-    checkpoint: Path | None = None,
-    device: torch.device | str = "cpu",
-    progress: bool = True,
-    desc: str = "train",
-    compile: bool = False,
-    batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
-    on_step: Callable[[int], None] | None = None,
-    extra_state: list | None = None,
-) -> dict:
+def train(model, stream: torch.Tensor | None, cfg: TrainConfig, *, length: int | None = None,
+          checkpoint: Path | None = None, device: torch.device | str = "cpu", progress: bool = True,
+          desc: str = "train", compile: bool = False,
+          batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
+          on_step: Callable[[int], None] | None = None, extra_state: list | None = None) -> dict:
     """Train ``model`` on windows of ``length`` (default: its training length) drawn from ``stream``.
 
     With ``checkpoint`` set, resumes from it when it exists and saves to it every
@@ -192,15 +187,7 @@ def train(
     model.to(device)
     opt = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype(device) == torch.float16)
-    state = {"step": 0, "losses": [], "seconds": 0.0}
-    if checkpoint is not None and checkpoint.exists():
-        saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        scaler.load_state_dict(saved["scaler"])
-        state = saved["state"]
-        if extra_state is not None:
-            extra_state[:] = saved.get("extra", [])
+    state = _resume(checkpoint, model, opt, scaler, device, extra_state)
     distributed.agree(state["step"], f"the step to resume {desc} from")
     resumed_seconds = state["seconds"]  # the training time of earlier processes, carried by the checkpoint
 
@@ -212,41 +199,19 @@ def train(
 
     model.train()
     distributed.check_divisible(cfg.batch_size)
-    # under torchrun the loss is computed through DistributedDataParallel, which averages the gradients
-    loss_fn = distributed.wrap(_Loss(model), device) if distributed.active() else model.loss
-    loss_fn = torch.compile(loss_fn) if compile else loss_fn
+    loss_fn = _loss_fn(model, device, compile)
     bar = tqdm(range(state["step"], cfg.steps), initial=state["step"], total=cfg.steps, desc=desc,
                disable=not progress or not distributed.is_main(), dynamic_ncols=True, mininterval=1.0)
     tokens_per_step = cfg.batch_size * length
     if batches is None:
-        if stream is None:
-            raise PosencError("train() needs a token stream or a batches(step) function")
-
-        def batches(step):
-            return batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed)
-
+        batches = _windows(stream, cfg, length)
     if on_step is not None and state["step"] == 0:
         on_step(0)
     with flush_denormals():
         for step in bar:
             t0 = time.perf_counter()
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            x, y = (t.to(device) for t in distributed.shard_rows(*batches(step)))
-            with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
-                with autocast(device):
-                    loss = loss_fn(x, y)
-                value = distributed.mean_over_processes(loss.detach()).item()
-                if not math.isfinite(value):
-                    where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
-                    raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
-                                           "Try a lower learning rate (--lr) or more warm-up.")
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
+            value = _step(model, opt, scaler, loss_fn, batches, step, cfg, device, length, desc=desc,
+                          checkpoint=checkpoint)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
@@ -259,6 +224,67 @@ def train(
                 save()
     bar.close()
     model.eval()
+    return _summary(state, cfg, tokens_per_step, resumed_seconds)
+
+
+def _loss_fn(model, device: torch.device, compile: bool):
+    """The training loss ``loss_fn(x, y)``: under torchrun through DistributedDataParallel, which averages the
+    gradients over processes; with ``compile``, through ``torch.compile``."""
+    loss_fn = distributed.wrap(_Loss(model), device) if distributed.active() else model.loss
+    return torch.compile(loss_fn) if compile else loss_fn
+
+
+def _resume(checkpoint: Path | None, model, opt, scaler, device: torch.device, extra_state: list | None) -> dict:
+    """The training state (step, losses, seconds) of ``checkpoint``, with the model, optimizer, scaler and
+    ``extra_state`` restored from it; a fresh state when there is none."""
+    if checkpoint is None or not checkpoint.exists():
+        return {"step": 0, "losses": [], "seconds": 0.0}
+    saved = torch.load(checkpoint, map_location=device, weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["optimizer"])
+    scaler.load_state_dict(saved["scaler"])
+    if extra_state is not None:
+        extra_state[:] = saved.get("extra", [])
+    return saved["state"]
+
+
+def _windows(stream: torch.Tensor | None, cfg: TrainConfig, length: int) -> Callable[[int], tuple]:
+    """``batches(step)``: the windows of ``stream`` that step ``step`` trains on (:func:`data.batch_at`)."""
+    if stream is None:
+        raise PosencError("train() needs a token stream or a batches(step) function")
+
+    def batches(step):
+        return batch_at(stream, step, batch_size=cfg.batch_size, length=length, seed=cfg.seed)
+
+    return batches
+
+
+def _step(model, opt, scaler, loss_fn, batches, step: int, cfg: TrainConfig, device: torch.device, length: int, *,
+          desc: str, checkpoint: Path | None) -> float:
+    """One optimizer step at the learning rate of ``step``; returns its loss (the mean over processes), after
+    stopping with :class:`TrainingDiverged` if it is not finite."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    x, y = (t.to(device) for t in distributed.shard_rows(*batches(step)))
+    with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
+        with autocast(device):
+            loss = loss_fn(x, y)
+        value = distributed.mean_over_processes(loss.detach()).item()
+        if not math.isfinite(value):
+            where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
+            raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
+                                   "Try a lower learning rate (--lr) or more warm-up.")
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    return value
+
+
+def _summary(state: dict, cfg: TrainConfig, tokens_per_step: int, resumed_seconds: float) -> dict:
+    """What :func:`train` returns: the final loss (mean of the last 5% of steps), the history and throughput."""
     tail = state["losses"][-max(1, len(state["losses"]) // 20):]
     return {
         "train_loss": sum(tail) / len(tail),

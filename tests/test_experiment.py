@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_lab import PosencError, TrainingDiverged, experiment, report
+from posenc_lab import PosencError, TrainingDiverged, experiment, extension, report
 from posenc_lab.__main__ import main
 from posenc_lab.data import load_corpus
 from posenc_lab.evaluate import evaluate, unscored, window_plan
@@ -388,7 +388,7 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     for out in ("cut", "whole"):
         experiment.run(before, tmp_path / out, **quiet)
     whole = experiment.extend(after, tmp_path / "whole", **quiet)
-    real, calls = experiment._evaluate_all, []
+    real, calls = extension.evaluate_all, []
 
     def cut_after_one_unit(*args, **kwargs):
         calls.append(1)
@@ -396,10 +396,10 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "_evaluate_all", cut_after_one_unit)
+    monkeypatch.setattr(extension, "evaluate_all", cut_after_one_unit)
     with pytest.raises(KeyboardInterrupt):
         experiment.extend(after, tmp_path / "cut", **quiet)
-    monkeypatch.setattr(experiment, "_evaluate_all", real)
+    monkeypatch.setattr(extension, "evaluate_all", real)
     assert json.loads((tmp_path / "cut" / "config.json").read_text())["extending"]["eval_lengths"] == [64, 128, 256]
     with pytest.raises(PosencError, match="being extended"):
         experiment.run(before, tmp_path / "cut", **quiet)
