@@ -154,7 +154,7 @@ def _read(cell) -> str:
 def far_block() -> str:
     """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: ALiBi's far bytes
     against RoPE limited to its last training-length keys, and plain RoPE's with full attention against its own
-    window (:func:`~posenc_lab.context.far_context_family`, seeds as samples, each run's grid adjusted as one
+    window (:func:`~posenc_lab.gain.far_context_family`, seeds as samples, each run's grid adjusted as one
     family)."""
     from .context import far_context_family
 

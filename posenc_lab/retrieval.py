@@ -1,39 +1,13 @@
 """Passkey retrieval past the training length: does the model *use* context it was not trained on?
 
-Three tasks, each a small model trained on it alone at the training length (``task``):
+Each of the three tasks of :mod:`posenc_lab.tasks` (``content``, the control; ``digits``; ``multikey``) gets small
+models trained on it alone at the training length (``task``). The ``multikey`` models train differently from the
+other tasks' (the book's appendix says how the pilots chose it): each training window ends with 1 to 4 questions
+in turn by step (``train_questions``; the one-question windows place needles everywhere the grid does), each
+naming a key drawn at random, and the input embedding is untied from the output head (``tie_embeddings=False``):
+tied, the names, never a target, drifted to one shared direction and were never told apart.
 
-* ``content`` (the control): a lookup by character class; described next.
-* ``digits``: one shared alphabet. The passkey is five digits planted in a haystack of lowercase
-  letters; the question ``?`` asks for them **in order**. The first digit is found by its class,
-  but the next ones must be copied from the position after the previous one (a digit can repeat in
-  the key), the byte-level form of Mohtashami & Jaggi's (2023) "the pass key is 71432".
-* ``multikey``: several named keys of the same kind (``K48213;``, names distinct upper-case
-  letters, the asked one at the chosen depth, the others at random places), and the question
-  ``?K`` names one, in the spirit of RULER's multi-key needles (Hsieh et al. 2024): the right key
-  must be told from distractors of the same kind, then copied in order. The name is followed by the
-  digits directly, so that one look-up of the name finds the key. Its models train differently from
-  the other tasks' (the book's appendix says how the pilots chose it): each training window ends
-  with 1 to 4 questions in turn by step (``train_questions``; the one-question windows place needles
-  everywhere the grid does), each naming a key drawn at random (repeats allowed: asking every key
-  once let the last be found by elimination, a shortcut the pilots caught), and the input
-  embedding is untied from the output head (``tie_embeddings=False``): tied, the names, never a
-  target, drifted to one shared direction and were never told apart.
-
-The ``content`` task (a synthetic passkey test in the spirit of Mohtashami & Jaggi 2023, built so that every
-encoding can learn it from scratch at the training length on a CPU):
-
-* the haystack is random lowercase letters;
-* the passkey is four bytes, each drawn from its own alphabet (``0-9``, ``A-J``, ``K-T``, ``U-Z!#$%``),
-  planted at a chosen depth of the haystack (depth 0: the first bytes, depth 1: the last bytes
-  before the question);
-* the window ends with ``?`` and the four passkey bytes: the model must reproduce them.
-
-Because each passkey byte comes from its own alphabet and appears nowhere else, finding it is
-pure content lookup (``?`` asks for a digit, a digit asks for a letter of ``A-J``, ...): no
-position arithmetic is needed, so a model that fails beyond the training length fails because its
-position encoding disturbs attention there, not because the task needs positions.
-
-Exact match (all four bytes) is read with teacher forcing: the argmax at each answer position
+Exact match (every answer byte) is read with teacher forcing: the argmax at each answer position
 given the true earlier answer bytes. That is exactly greedy decoding's result: greedy decoding
 feeds back its own bytes, which are the true ones up to the first mistake, and one mistake fails
 the match either way.
@@ -43,6 +17,9 @@ the match either way.
 needle depths, ``trials`` windows per cell, each cell with its Wilson 95 % interval. RoPE's
 strategies are evaluated on the one trained RoPE model. The runner is the experiment's
 (:func:`experiment.run_units`): resumable per unit, one tidy table.
+
+This module re-exports the tasks' names (``make_windows``, ``KEY_LEN``, ...) and the accuracy tables'
+(``wilson``, ``by_length``, ``markdown_table``, ...), so that ``retrieval.<name>`` reaches them all.
 """
 
 from __future__ import annotations
@@ -55,140 +32,24 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import distributed
+from .accuracy import (LEARNED, by_distance, by_length, by_seed, frame, markdown_table, wilson,  # noqa: F401
+                       with_wilson)
 from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect_rows, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
 from .model import GPT, IGNORE, GPTConfig
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
 from .schema import SCHEMA_VERSION
+from .tasks import (DIGITS, DIGITS_LEN, FILLER, KEY_LEN, MULTIKEYS, NAMES, QUESTION, SLOTS, TASKS,  # noqa: F401
+                    describe_task, make_windows)
 from .train import TrainConfig, autocast, flush_denormals, save_atomic, train
-
-FILLER = torch.tensor(list(b"abcdefghijklmnopqrstuvwxyz"))
-SLOTS = [torch.tensor(list(chars)) for chars in (b"0123456789", b"ABCDEFGHIJ", b"KLMNOPQRST", b"UVWXYZ!#$%")]
-QUESTION = ord("?")
-KEY_LEN = len(SLOTS)
-#: the retrieval tasks (see the module docstring)
-TASKS = ("content", "digits", "multikey")
-DIGITS = torch.tensor(list(b"0123456789"))
-NAMES = torch.tensor(list(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
-DIGITS_LEN = 5  # the passkey of the digits and multikey tasks
-MULTIKEYS = 4  # named keys in a multikey window (the asked one and three distractors)
-
-
-def _place(seq, rows, start, piece):
-    seq[rows, start[:, None] + torch.arange(piece.shape[1])] = piece
-
-
-def _digit_windows(n, length, depth, generator, task, keys=MULTIKEYS, questions=1):
-    """The ``digits`` and ``multikey`` windows: ``length + 1`` bytes, the last ``DIGITS_LEN`` the answer (with
-    ``questions`` > 1, multikey only: that many questions at the end, each answer scored)."""
-    if task == "digits":
-        needle_len, ask_len = DIGITS_LEN, 1
-    else:
-        needle_len, ask_len = DIGITS_LEN + 2, 2  # "K48213;" and "?K"
-    tail = questions * (ask_len + DIGITS_LEN)
-    haystack = length + 1 - tail
-    slots = keys if task == "multikey" else 1
-    if haystack < 2 * slots * needle_len:
-        raise PosencError(f"a {task} retrieval window needs at least {2 * slots * needle_len + tail - 1} "
-                          f"bytes, got {length}")
-    if depth is not None and not 0.0 <= depth <= 1.0:
-        raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
-    seq = FILLER[torch.randint(len(FILLER), (n, length + 1), generator=generator)]
-    key = DIGITS[torch.randint(len(DIGITS), (n, DIGITS_LEN), generator=generator)]
-    last = haystack - needle_len
-    start = torch.randint(last + 1, (n,), generator=generator) if depth is None else torch.full((n,), round(depth * last))
-    rows = torch.arange(n)[:, None]
-    if task == "digits":
-        _place(seq, rows, start, key)
-        every = key[:, None, :]  # n 1 5
-    else:
-        names = torch.stack([NAMES[torch.randperm(len(NAMES), generator=generator)[:keys]] for _ in range(n)])  # n K
-        semi = torch.full((n, 1), ord(";"))
-        _place(seq, rows, start, torch.cat([names[:, :1], key, semi], 1))
-        every = key[:, None, :].repeat(1, keys, 1)  # n K 5: every needle's digits, the asked one first
-        for i in range(n):  # the distractors: other names, other digits, never overlapping a needle
-            taken = [(int(start[i]), int(start[i]) + needle_len)]
-            for k in range(1, keys):
-                while True:
-                    at = int(torch.randint(last + 1, (1,), generator=generator))
-                    if all(at + needle_len <= a or at >= b for a, b in taken):
-                        break
-                taken.append((at, at + needle_len))
-                other = key[i]
-                while torch.equal(other, key[i]):  # a distractor's digits always differ from the asked key's
-                    other = DIGITS[torch.randint(len(DIGITS), (DIGITS_LEN,), generator=generator)]
-                seq[i, at : at + needle_len] = torch.cat([names[i, k : k + 1], other, semi[0]])
-                every[i, k] = other
-    # the questions after the haystack: "?" (the name asked: multikey), the digits ("?B90215?K48213..."); the first
-    # asks for the needle placed at the depth, each later one for a needle drawn at random, repeats allowed (asking
-    # every key once would let the last be found by elimination); the loss is on every answer
-    asked = torch.cat([torch.zeros(n, 1, dtype=torch.long),
-                       torch.randint(keys, (n, questions - 1), generator=generator)], 1)  # n questions: needle asked
-    answers = torch.zeros(length + 1, dtype=torch.bool)
-    for q in range(questions):
-        at = haystack + q * (ask_len + DIGITS_LEN)
-        seq[:, at] = QUESTION
-        if task == "multikey":
-            seq[:, at + 1] = names[rows[:, 0], asked[:, q]]
-        seq[:, at + ask_len : at + ask_len + DIGITS_LEN] = every[rows[:, 0], asked[:, q]]
-        answers[at + ask_len : at + ask_len + DIGITS_LEN] = True
-    inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
-    targets[:, ~answers[1:]] = IGNORE
-    return inputs.long(), targets.long(), key.long(), start
-
-
-def make_windows(n: int, length: int, depth: float | None, generator: torch.Generator, task: str = "content",
-                 keys: int = MULTIKEYS, questions: int = 1):
-    """``n`` windows of ``length`` bytes: inputs ``n x length``, targets (``IGNORE`` except the answer
-    positions), the passkeys (``n x 4`` for ``content``, ``n x 5`` digits otherwise) and the (asked)
-    needle's start positions.
-
-    Layout of the ``length + 1`` bytes (``content``): haystack (``length - 4`` bytes, passkey inside it), ``?``,
-    the passkey. ``depth`` in [0, 1] places the passkey at ``round(depth * (length - 8))``; ``None`` draws
-    it uniformly per window (training). ``digits``: haystack, ``?``, the five digits; ``multikey``:
-    haystack with ``keys`` named keys (four unless asked otherwise), ``?``, the asked name, its five digits;
-    ``depth`` places the asked needle the same way. ``questions`` > 1 (multikey, for training): the window ends
-    with that many questions (``?B90215?K48213...``), the first naming the needle placed at the depth and each later
-    one a needle drawn at random (repeats allowed), and every answer is scored; the returned passkeys and starts
-    are those of the first question's needle.
-    """
-    if questions != 1 and task != "multikey":
-        raise PosencError(f"several questions are for the multikey task, not {task}")
-    if questions < 1:
-        raise PosencError(f"a window asks at least one question, got {questions}")
-    if task not in TASKS:
-        raise unknown_name("retrieval task", task, TASKS)
-    if not 1 <= keys <= len(NAMES):
-        raise PosencError(f"a multikey window holds 1 to {len(NAMES)} named keys, got {keys}")
-    if task != "content":
-        return _digit_windows(n, length, depth, generator, task, keys, questions)
-    haystack = length - KEY_LEN
-    if haystack < KEY_LEN:
-        raise PosencError(f"a retrieval window needs at least {2 * KEY_LEN} bytes, got {length}")
-    if depth is not None and not 0.0 <= depth <= 1.0:
-        raise PosencError(f"needle depth must lie in [0, 1], got {depth}")
-    seq = FILLER[torch.randint(len(FILLER), (n, length + 1), generator=generator)]
-    key = torch.stack([slot[torch.randint(len(slot), (n,), generator=generator)] for slot in SLOTS], dim=1)  # n 4
-    last = haystack - KEY_LEN
-    if depth is None:
-        start = torch.randint(last + 1, (n,), generator=generator)
-    else:
-        start = torch.full((n,), round(depth * last))
-    rows = torch.arange(n)[:, None]
-    seq[rows, start[:, None] + torch.arange(KEY_LEN)] = key
-    seq[:, haystack] = QUESTION
-    seq[:, haystack + 1:] = key
-    inputs, targets = seq[:, :-1].clone(), seq[:, 1:].clone()
-    targets[:, :haystack] = IGNORE  # the loss is on the four answer bytes only
-    return inputs.long(), targets.long(), key.long(), start
 
 
 @torch.no_grad()
@@ -214,19 +75,6 @@ def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_siz
     """Per window, whether the argmax at every answer position is the passkey byte (bool ``n``; see
     :func:`answer_hits`)."""
     return answer_hits(model, inputs, targets, batch_size=batch_size, device=device).all(-1)
-
-
-def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % for ``z = 1.96``)."""
-    if trials == 0:
-        return math.nan, math.nan
-    p = correct / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    # at p = 0 and p = 1 the interval ends exactly at 0 and 1; rounding must not put it past p (0.9999... < 1)
-    low = 0.0 if correct == 0 else max(0.0, min(p, centre - half))
-    high = 1.0 if correct == trials else min(1.0, max(p, centre + half))
-    return low, high
 
 
 @dataclass
@@ -450,126 +298,6 @@ def run(spec: RetrievalSpec, out: Path | str, *, device: str | None = None, prog
         write_table(out, rows)
     return rows
 
-
-def describe_task(task: str = "content") -> dict:
-    """The task's alphabets, as stored with the results: the filler bytes, the passkey's alphabet per slot, the
-    question byte and the answer's length (and, for the newer tasks, their name, names and key count)."""
-    if task == "content":
-        return {"filler": FILLER.tolist(), "slots": [s.tolist() for s in SLOTS], "question": QUESTION,
-                "answer_bytes": KEY_LEN}
-    described = {"task": task, "filler": FILLER.tolist(), "slots": [DIGITS.tolist()] * DIGITS_LEN,
-                 "question": QUESTION, "answer_bytes": DIGITS_LEN}
-    if task == "multikey":  # the form is recorded: a folder made with the first form (K=48213;, ?K=) is refused
-        described.update(names=NAMES.tolist(), keys=MULTIKEYS, needle="K48213;", question="?K")
-    return described
-
-
-def frame(rows):
-    """The retrieval rows as a DataFrame with a ``label`` column (``rope/yarn``, ``alibi``, ...)."""
-    from .report import frame as results_frame
-
-    return results_frame(rows)
-
-
-def with_wilson(table):
-    """Add ``ci_low`` and ``ci_high``, the Wilson 95 % interval of ``correct`` out of ``trials`` on each row, to
-    the DataFrame ``table`` (in place; also returned)."""
-    intervals = [wilson(int(c), int(t)) for c, t in zip(table["correct"], table["trials"])]
-    table["ci_low"], table["ci_high"] = zip(*intervals) if intervals else ((), ())
-    return table
-
-
-#: the exact match at the training length, at the end of training, from which a model counts as having learned its
-#: task: below it, what it does past the training length says nothing about extrapolation
-LEARNED = 0.95
-
-
-def by_length(rows):
-    """Exact-match accuracy per label and length: ``accuracy``, the mean of the seeds' accuracies (each pooled over
-    depths), with ``ci_low``/``ci_high`` its 95 % interval from the seeds (:func:`~posenc_lab.stats.seed_interval`) and
-    ``per_seed`` the seeds' accuracies; ``wilson_low``/``wilson_high`` the Wilson interval of all windows pooled,
-    which is the precision of these trained models' pooled score, not an interval for the encoding. A DataFrame
-    indexed by ``(label, eval_len)``; ``train_accuracy`` is the lowest over the seeds (a label counts as learned
-    when every seed learned its task, :data:`LEARNED`)."""
-    from .stats import seed_interval
-
-    df = frame(rows)
-    pooled = df.groupby(["label", "eval_len"]).agg(correct=("correct", "sum"), trials=("trials", "sum"),
-                                                   status=("status", "first"), train_accuracy=("train_accuracy", "min"))
-    with_wilson(pooled)
-    pooled = pooled.rename(columns={"ci_low": "wilson_low", "ci_high": "wilson_high"})
-    seeds = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
-    per_seed = (seeds["correct"] / seeds["trials"].where(seeds["trials"] > 0)).groupby(["label", "eval_len"])
-    intervals = per_seed.apply(lambda x: seed_interval(x.to_numpy()))
-    pooled["accuracy"] = [intervals.loc[i][0] for i in pooled.index]
-    pooled["ci_low"] = [intervals.loc[i][1] for i in pooled.index]
-    pooled["ci_high"] = [intervals.loc[i][2] for i in pooled.index]
-    pooled["per_seed"] = [tuple(round(float(v), 3) for v in per_seed.get_group(i)) for i in pooled.index]
-    return pooled
-
-
-def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
-    """Exact-match accuracy per label and *absolute* distance from the question back to the needle, pooled over
-    lengths, depths and seeds, with its Wilson 95 % interval: a DataFrame indexed by ``(label, distance)``, where
-    ``distance`` is the bin ``[a, b)`` of ``edges`` (bytes) that each grid cell's distance falls in. It separates
-    "far from the question" from "long window": an encoding that fails by distance fails at the same distance
-    in every window; one that fails by length fails near the question too. The last bin is open (distances past
-    the last edge fall in it). The intervals count windows, pooled over seeds: they say how precisely these
-    models' accuracy is known, not how another seed would do (:func:`by_seed`)."""
-    import pandas as pd
-
-    df = frame(rows)
-    df = df[df["status"] == "ok"].copy()
-    if "distance" not in df:  # runs of the content task made before the column existed: the same geometry
-        if "task" in df and set(df["task"].dropna()) - {"content"}:
-            raise PosencError("rows of the digits or multikey task without a distance column: re-run them")
-        last = df["eval_len"] - 2 * KEY_LEN
-        df["distance"] = df["eval_len"] - KEY_LEN - (df["depth"] * last).round().astype(int)
-    labels = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])] + [f"{edges[-1]}+"]
-    df["distance_bin"] = pd.cut(df["distance"], bins=[*edges, math.inf], right=False, labels=labels)
-    pooled = df.groupby(["label", "distance_bin"], observed=True).agg(correct=("correct", "sum"),
-                                                                       trials=("trials", "sum"))
-    pooled = pooled[pooled["trials"] > 0]
-    pooled["accuracy"] = pooled["correct"] / pooled["trials"]
-    with_wilson(pooled)
-    return pooled.rename_axis(["label", "distance"])
-
-
-def by_seed(rows):
-    """Exact-match accuracy per label, length and seed (pooled over depths): the samples a comparison of
-    encodings rests on, since windows scored by the same trained model are not independent samples of the
-    encoding."""
-    df = frame(rows)
-    df = df[df["status"] == "ok"]
-    g = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
-    return g["correct"] / g["trials"]
-
-
-def markdown_table(rows) -> str:
-    """Exact match per encoding (rows) and length (columns): the mean of the seeds' accuracies [95 % interval from
-    the seeds] and each seed's accuracy; a label some seed of which did not learn its task (:data:`LEARNED`) is
-    marked so in its first column."""
-    table = by_length(rows)
-    lengths = sorted(table.index.get_level_values("eval_len").unique())
-    lines = ["| exact match, mean of the seeds [95 % interval from the seeds] (each seed) | "
-             + " | ".join(map(str, lengths)) + " |",
-             "|---" * (len(lengths) + 1) + "|"]
-    for name in sorted(table.index.get_level_values("label").unique()):
-        cells = []
-        for n in lengths:
-            r = table.loc[(name, n)] if (name, n) in table.index else None
-            if r is None:
-                cells.append("")
-            elif r["status"] != "ok":
-                cells.append("cannot extrapolate")
-            else:
-                interval = "" if math.isnan(r["ci_low"]) else f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-                cells.append(f"{r['accuracy']:.2f}{interval} ({', '.join(f'{v:.2f}' for v in r['per_seed'])})")
-        learned = table.loc[name]["train_accuracy"].min()
-        mark = (" (training accuracy unknown)" if math.isnan(learned) else
-                f" (not learned: lowest seed {learned:.2f} at the end of training)" if learned < LEARNED else "")
-        lines.append(f"| {name}{mark} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def report(out: Path | str) -> str:

@@ -1,4 +1,4 @@
-"""Does the model use the context past its training length: the gain and the passkey in Python (issue 23)."""
+"""Does the model use the context past its training length: the gain, the passkey in Python, the context run."""
 
 import ast
 import math
@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from posenc_lab import PosencError
 from posenc_lab import context as cx
+from posenc_lab import passkey as pk
 from posenc_lab.model import GPT, GPTConfig
 
 
@@ -106,20 +107,20 @@ class C:
 
 
 def test_statement_lines_are_line_starts_with_their_indentation():
-    lines = cx.statement_lines(PY)
+    lines = pk.statement_lines(PY)
     assert lines and all(PY[s : s + len(i)] == i and (s == 0 or PY[s - 1 : s] == b"\n") for s, i in lines)
     texts = {PY[s:].split(b"\n", 1)[0].strip() for s, _ in lines}
     assert b"@staticmethod" not in texts and b"def g():" not in texts  # a decorated definition is not split
     assert b"y = 2" in texts and b"return self.a" in texts
-    assert cx.statement_lines(b"def broken(:\n") == []
+    assert pk.statement_lines(b"def broken(:\n") == []
 
 
 def test_passkey_windows_plant_valid_python_and_ask_for_the_key():
-    text = cx.PasskeyText([PY * 6, b"x = (1,\n 2)\n" * 80, PY * 4])
+    text = pk.PasskeyText([PY * 6, b"x = (1,\n 2)\n" * 80, PY * 4])
     g = torch.Generator().manual_seed(0)
     for depth in (0.0, 0.5, 1.0):
-        w = cx.passkey_windows(text, 6, 512, depth, g)
-        assert w["inputs"].shape == (6, 512) and w["keys"].shape == (6, cx.PASSKEY_DIGITS)
+        w = pk.passkey_windows(text, 6, 512, depth, g)
+        assert w["inputs"].shape == (6, 512) and w["keys"].shape == (6, pk.PASSKEY_DIGITS)
         for row, key, dist in zip(w["inputs"], w["keys"], w["distance"]):
             seq = bytes(row.tolist()) + bytes([int(key[-1])])
             k = bytes(key.tolist())
@@ -127,29 +128,29 @@ def test_passkey_windows_plant_valid_python_and_ask_for_the_key():
             assert seq.endswith(b'assert PASSKEY == "' + k)
             at = seq.index(b'PASSKEY = "' + k + b'"\n')
             line_start = seq.rfind(b"\n", 0, at) + 1
-            ast.parse(seq[line_start : at + len(b'PASSKEY = "') + cx.PASSKEY_DIGITS + 1].strip())
-            assert int(dist) == len(seq) - cx.PASSKEY_DIGITS - (at + len(b'PASSKEY = "'))
+            ast.parse(seq[line_start : at + len(b'PASSKEY = "') + pk.PASSKEY_DIGITS + 1].strip())
+            assert int(dist) == len(seq) - pk.PASSKEY_DIGITS - (at + len(b'PASSKEY = "'))
         assert w["depth"].min() >= 0 and w["depth"].max() <= 1
-    near = cx.passkey_windows(text, 20, 512, 1.0, torch.Generator().manual_seed(1))["distance"].float().mean()
-    far = cx.passkey_windows(text, 20, 512, 0.0, torch.Generator().manual_seed(1))["distance"].float().mean()
+    near = pk.passkey_windows(text, 20, 512, 1.0, torch.Generator().manual_seed(1))["distance"].float().mean()
+    far = pk.passkey_windows(text, 20, 512, 0.0, torch.Generator().manual_seed(1))["distance"].float().mean()
     assert far > 300 > near
 
 
 def test_planted_line_keeps_its_document_parseable():
-    text = cx.PasskeyText([PY])
+    text = pk.PasskeyText([PY])
     for k, (at, doc, indent) in enumerate(text.candidates):
         assert text.valid(k)
-        ast.parse(PY[:at] + cx.plant_line(indent, b"12345") + PY[at:])
+        ast.parse(PY[:at] + pk.plant_line(indent, b"12345") + PY[at:])
 
 
-def test_answer_hits_reads_the_last_positions():
+def test_digit_hits_read_the_last_positions():
     class Echo(torch.nn.Module):  # predicts the next byte as the current byte + 1
         def forward(self, x):
             return F.one_hot((x + 1) % 256, 256).float()
 
     inputs = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
     keys = torch.tensor([[8, 9, 10], [4, 9, 6]])
-    hits = cx.answer_hits(Echo(), inputs, keys)
+    hits = pk.digit_hits(Echo(), inputs, keys)
     assert hits.tolist() == [[True, True, True], [True, False, True]]
 
 
@@ -161,17 +162,30 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     for p in range(3):
         logits[:, p, ord("0") + (p + 3) % 10] = 2.0
         logits[:, p, ord("0") + (p + 7) % 10] = 1.0
-    assert (cx.choose(logits) == ord("x")).all()
-    assert cx.choose(logits, cx.DIGITS).tolist() == [[ord("3"), ord("4"), ord("5")]] * 2
+    assert (pk.choose(logits) == ord("x")).all()
+    assert pk.choose(logits, pk.DIGIT_BYTES).tolist() == [[ord("3"), ord("4"), ord("5")]] * 2
 
     class Fixed(torch.nn.Module):
         def forward(self, x):
             return logits[:, :1].expand(len(x), x.shape[1], 256)
 
     keys = torch.tensor([[ord("3")] * 3, [ord("7")] * 3])
-    assert not cx.answer_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys).any()
-    among = cx.answer_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys, among=cx.DIGITS)
+    assert not pk.digit_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys).any()
+    among = pk.digit_hits(Fixed(), torch.zeros(2, 4, dtype=torch.long), keys, among=pk.DIGIT_BYTES)
     assert among.tolist() == [[True] * 3, [False] * 3]
+
+
+def test_the_context_module_still_offers_the_names_of_its_measurements():
+    """``context.<name>`` reaches the gain's and the passkey's names, the very objects of their own modules."""
+    from posenc_lab import gain as gn
+
+    for module, names in ((gn, ["THRESHOLD", "NGRAM", "far_repeats", "gain", "gain_table", "windowed_verdicts",
+                                "far_context_family"]),
+                          (pk, ["PASSKEY_DIGITS", "PasskeyText", "plant_line", "question", "statement_lines",
+                                "passkey_windows", "answer_logits", "choose", "passkey_table"])):
+        for name in names:
+            assert getattr(cx, name) is getattr(module, name), f"context.{name}"
+    assert not hasattr(cx, "answer_hits") and not hasattr(cx, "DIGITS")  # one meaning per name: see retrieval's
 
 
 @pytest.mark.slow

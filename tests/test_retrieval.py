@@ -389,3 +389,15 @@ def test_the_answer_digits_script_reads_a_run_byte_by_byte(tmp_path):
     for line in lines[1:]:  # five shares, each a multiple of 1/4, and the exact match
         shares = line.split("right by answer byte ")[1].split(";")[0].split()
         assert len(shares) == retrieval.DIGITS_LEN and all(float(s) * 4 == round(float(s) * 4) for s in shares)
+
+
+def test_the_retrieval_module_still_offers_the_names_of_the_tasks_and_the_tables():
+    """``retrieval.<name>`` reaches the tasks' and the accuracy tables' names, the very objects of their modules."""
+    from posenc_lab import accuracy, tasks
+
+    for module, names in ((tasks, ["FILLER", "SLOTS", "QUESTION", "KEY_LEN", "TASKS", "DIGITS", "NAMES", "DIGITS_LEN",
+                                   "MULTIKEYS", "make_windows", "describe_task"]),
+                          (accuracy, ["wilson", "with_wilson", "frame", "LEARNED", "by_length", "by_distance", "by_seed",
+                                      "markdown_table"])):
+        for name in names:
+            assert getattr(retrieval, name) is getattr(module, name), f"retrieval.{name}"
