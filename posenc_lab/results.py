@@ -218,7 +218,7 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
 def spec_of(config: dict):
     """The spec a run's ``config.json`` records: a :class:`~posenc_lab.retrieval.RetrievalSpec` for a retrieval run
-    (its config describes the task under ``task``), else a language-model :class:`~posenc_lab.experiment.Spec`."""
+    (its config describes the task under ``task``), else a language-model :class:`~posenc_lab.specs.Spec`."""
     from .experiment import Spec
     from .retrieval import RetrievalSpec
 
