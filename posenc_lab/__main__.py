@@ -233,8 +233,6 @@ def _context_parser(sub) -> None:
 
 def _report(folder, figures: bool = True) -> str:
     """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``."""
-    from pathlib import Path
-
     from . import report
     from .figures import save_report_figures
 
