@@ -16,7 +16,7 @@ the match either way.
 ``L`` (loss on the answer bytes only), then measures accuracy on a grid of lengths ``L .. 8L`` x
 needle depths, ``trials`` windows per cell, each cell with its Wilson 95 % interval. RoPE's
 strategies are evaluated on the one trained RoPE model. The runner is the experiment's
-(:func:`experiment.run_units`): resumable per unit, one tidy table.
+(:func:`~posenc_lab.runner.run_units`): resumable per unit, one tidy table.
 
 This module re-exports the tasks' names (``make_windows``, ``KEY_LEN``, ...) and the accuracy tables'
 (``wilson``, ``by_length``, ``markdown_table``, ...), so that ``retrieval.<name>`` reaches them all.

@@ -60,11 +60,11 @@ def _rst_text(text: str) -> str:
 
 def _registry_keys(app: Sphinx, what: str, name: str, obj, options, lines: list[str]) -> None:
     """Append what ``no-value`` hides and a reader needs: a registry's keys, a tuple's names, a rule's words."""
-    if what != "data" or not name.startswith(PACKAGE + ".") or not obj:
+    if what != "data" or not name.startswith(PACKAGE + "."):
         return
-    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+    if isinstance(obj, dict) and obj and all(isinstance(k, str) for k in obj):
         lines.extend(["", "Keys: " + ", ".join(f"``{k}``" for k in obj) + "."])
-    elif isinstance(obj, (tuple, list)) and all(isinstance(v, str) for v in obj):
+    elif isinstance(obj, (tuple, list)) and obj and all(isinstance(v, str) for v in obj):
         lines.extend(["", "Values: " + ", ".join(f"``{v}``" for v in obj) + "."])
     elif isinstance(obj, str) and len(obj) > 40:
         lines.extend(["", _rst_text(obj)])

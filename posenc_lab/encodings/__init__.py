@@ -15,8 +15,8 @@ The attention backends (:mod:`posenc_lab.backends`) only need to know how to con
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
-builds one from the model's shape. The classes live by hook: :mod:`.base` (the hooks, NoPE),
-:mod:`.embedded`, :mod:`.rotary`, :mod:`.biases` and :mod:`.randomized`.
+builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
+``embedded``, ``rotary``, ``biases`` and ``randomized``, and are documented here.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class Encoding(nn.Module):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                tables: Tables | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q, k`` are ``b h n d``; returns them transformed. ``tables``: this encoding's :meth:`tables` at
+        """``q, k`` are ``b h n d``; returns them transformed. ``tables``: this encoding's :meth:`~posenc_lab.encodings.Encoding.tables` at
         ``positions`` (a model's forward pass builds them once for all its layers); computed here without."""
         return q, k
 
