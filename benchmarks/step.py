@@ -42,7 +42,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, print_table, write_json  # noqa: E402
 
-from posenc_lab import backends  # noqa: E402
+from posenc_lab.backends import kernels  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
 from posenc_lab.train import TrainConfig, decay_groups, flush_denormals  # noqa: E402
 
@@ -52,8 +52,8 @@ LEVERS = ("compile", "fused-adamw", "one-thread", "one-bias-block")
 def build(name: str, args, *, fused: bool = False, compiled: bool = False, one_block: bool = False):
     """A model with encoding ``name`` and one training step on a fixed batch, as ``train`` runs it.
 
-    ``one_block``: a learned bias trains through the whole attention square at once, the path before
-    issue 21 (the default since is blocks of ``backends.GRAD_BLOCK`` queries)."""
+    ``one_block``: a learned bias trains through the whole attention square at once (the default is blocks of
+    ``kernels.GRAD_BLOCK`` queries)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding=name, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                           train_len=args.seq_len))
@@ -66,12 +66,12 @@ def build(name: str, args, *, fused: bool = False, compiled: bool = False, one_b
     x = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
 
     def step() -> float:
-        block = backends.GRAD_BLOCK
-        backends.GRAD_BLOCK = 10**9 if one_block else block
+        block = kernels.GRAD_BLOCK
+        kernels.GRAD_BLOCK = 10**9 if one_block else block
         try:
             return plain_step()
         finally:
-            backends.GRAD_BLOCK = block
+            kernels.GRAD_BLOCK = block
 
     def plain_step() -> float:
         with flush_denormals():

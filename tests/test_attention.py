@@ -79,17 +79,18 @@ def test_positions_must_be_integers():
 def test_blocked_long_attention_matches_reference(name):
     """Past ``BLOCK`` queries the sdpa backend works block by block; and with a mask over budget it builds each block."""
     from posenc_lab import backends
+    from posenc_lab.backends import kernels
 
     enc = encoding(name)
     q, k, v = qkv(n=backends.BLOCK * 2 + 37)
     with torch.no_grad():
         ref = attention(q, k, v, enc, backend="reference")
         torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
-        budget, backends.MASK_BUDGET = backends.MASK_BUDGET, 0
+        budget, kernels.MASK_BUDGET = kernels.MASK_BUDGET, 0
         try:
             torch.testing.assert_close(attention(q, k, v, enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
         finally:
-            backends.MASK_BUDGET = budget
+            kernels.MASK_BUDGET = budget
 
 
 @pytest.mark.parametrize("scaling", ["pi", "ntk", "dynamic-ntk", "yarn"])
@@ -173,17 +174,17 @@ def _tiny_gpt(name):
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
 def test_a_forward_pass_builds_its_bias_once_for_every_layer(name, grad, monkeypatch):
     """The model asks once per forward pass; its layers share the mask (and, under gradients, its graph)."""
-    from posenc_lab import backends
+    from posenc_lab.backends import GRAD_BLOCK, masks
 
     model, calls = _tiny_gpt(name), []
-    build = backends.bias_block
-    monkeypatch.setattr(backends, "bias_block", lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    build = masks.bias_block
+    monkeypatch.setattr(masks, "bias_block", lambda *a, **kw: calls.append(1) or build(*a, **kw))
     x = torch.randint(0, 256, (2, N))
     with torch.set_grad_enabled(grad):
         model(x)
         per_forward = len(calls)
         model(x)
-    assert N <= backends.GRAD_BLOCK  # one block of queries: one mask per forward pass, however it trains
+    assert N <= GRAD_BLOCK  # one block of queries: one mask per forward pass, however it trains
     assert per_forward == 1 and len(calls) == 2  # once per forward pass: not once per layer, nor kept for the next
 
 
@@ -310,7 +311,7 @@ def test_flex_on_cuda_at_long_length_matches_sdpa_and_trains(name):
 def test_flex_kernel_options_fall_through_then_back_to_sdpa_once():
     import importlib
 
-    att = importlib.import_module("posenc_lab.backends")
+    att = importlib.import_module("posenc_lab.backends.kernels")
     tried = []
 
     def smaller_tiles_only(options):

@@ -133,7 +133,7 @@ def test_yarn_model_path_applies_the_factor_once():
     p = prompt(n=40)
     factor = rope.yarn_attention_factor(4.0)
     seen = []
-    import posenc_lab.backends as backends
+    from posenc_lab.backends import kernels as backends
 
     original = backends._sdpa
 

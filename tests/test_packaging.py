@@ -29,7 +29,7 @@ def test_environment_yml_declares_the_same_dependencies_as_pyproject():
 
 
 def test_the_backend_module_and_the_attention_function_do_not_collide():
-    """Regression (issue 9): ``posenc_lab.attention`` was both a module and a function."""
+    """``posenc_lab.attention`` is the function; the backends live in the subpackage ``posenc_lab.backends``."""
     import importlib.util
 
     import posenc_lab
@@ -40,21 +40,46 @@ def test_the_backend_module_and_the_attention_function_do_not_collide():
     assert importlib.util.find_spec("posenc_lab.attention") is None
 
 
-def test_package_modules_form_layers_without_import_cycles():
-    """Regression (issue 9): plots and report imported each other."""
+def _package_imports(at_import: bool = False) -> dict[str, set[str]]:
+    """Each top-level module or subpackage of ``posenc_lab`` -> the others it imports (a subpackage's files together);
+    ``at_import``: only the imports its module body runs (not those inside functions)."""
     import ast
-    import graphlib
 
     package = ROOT / "posenc_lab"
-    modules = {p.stem for p in package.glob("*.py")} - {"__init__"}
+    units = {p.stem: [p] for p in package.glob("*.py") if p.stem != "__init__"}
+    units |= {d.name: sorted(d.glob("*.py")) for d in package.iterdir() if (d / "__init__.py").exists()}
     graph = {}
-    for name in modules:
+    for name, files in units.items():
         deps = set()
-        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        graph[name] = deps & modules
+        for path in files:
+            depth = 1 if path.parent == package else 2  # the relative level that reaches posenc_lab's top
+            tree = ast.parse(path.read_text())
+            for node in (tree.body if at_import else ast.walk(tree)):
+                if isinstance(node, ast.ImportFrom) and node.level == depth:
+                    deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        graph[name] = (deps & set(units)) - {name}
+    return graph
+
+
+def test_package_modules_form_layers_without_import_cycles():
+    """No two modules (or subpackages) import each other, directly or through others."""
+    import graphlib
+
+    graph = _package_imports()
+    assert {"backends", "encodings", "model", "rope"} <= set(graph)
     list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
+
+
+def test_the_core_imports_nothing_from_the_lab():
+    """Importing the formulas, the backends or the model imports no module of the lab (runner, experiments,
+    reports); the results loader reads the tables through ``schema`` and builds a spec only when asked."""
+    graph, core = _package_imports(at_import=True), {m.removeprefix("posenc_lab.") for m in CORE[1:]} | {"schema"}
+    reached, todo = set(), list(core)
+    while todo:
+        for dep in graph[todo.pop()] - reached:
+            reached.add(dep)
+            todo.append(dep)
+    assert reached <= core, f"the core imports lab modules: {sorted(reached - core)}"
 
 
 CORE = ["posenc_lab", "posenc_lab.encodings", "posenc_lab.rope", "posenc_lab.bias", "posenc_lab.absolute",

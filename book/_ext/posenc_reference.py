@@ -37,12 +37,17 @@ def _resolve(app: Sphinx, env: BuildEnvironment, node: pending_xref, contnode: n
         qualified = f"{PACKAGE}.{target}"
         if domain.find_obj(env, None, None, qualified, reftype, 0):
             return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, qualified, node, contnode)
-    # 2. a name the package re-exports: posenc_lab.attention -> posenc_lab.backends.attention
-    short = target.removeprefix(PACKAGE + ".")
-    if "." not in short:
+    # 2. a name a package re-exports: posenc_lab.attention -> posenc_lab.backends.attention,
+    #    posenc_lab.backends.toeplitz -> posenc_lab.backends.masks.toeplitz
+    full = target if target.startswith(PACKAGE + ".") else f"{PACKAGE}.{target}"
+    parent, _, short = full.rpartition(".")
+    if parent:
         import importlib
 
-        obj = getattr(importlib.import_module(PACKAGE), short, None)
+        try:
+            obj = getattr(importlib.import_module(parent), short, None)
+        except ImportError:
+            obj = None
         module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
         if module and qualname and domain.find_obj(env, None, None, f"{module}.{qualname}", reftype, 0):
             return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, f"{module}.{qualname}", node, contnode)

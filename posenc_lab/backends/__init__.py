@@ -1,0 +1,205 @@
+"""One attention function, several interchangeable backends.
+
+``attention(q, k, v, encoding)`` computes
+
+    softmax(q_m . k_n / sqrt(d) + b[h, m, n]) v      over the keys n <= m (causal),
+
+after the encoding's ``rotate`` hook has transformed ``q`` and ``k``; ``m`` and ``n`` are the
+*positions* the caller passes (default ``0 .. n-1``), so a window that starts at position 1000, or
+every second position, is scored as such by every backend. Backends:
+
+* ``reference``: the formula above written out with einsum and softmax, in float64. The
+  yardstick every other backend is tested against; O(n^2) memory.
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``. No bias: its fused causal
+  kernel. A bias: materialized as 4-d float masks ``(1, h, n_block, n_keys)`` with the causal mask
+  folded in as ``-inf`` (the 4-d shape takes the fused CPU kernel; a 3-d one does not), one per
+  block of ``BLOCK`` queries with only the keys the block can see (causal attention never computes,
+  nor builds the bias of, the keys a block cannot see), built once per forward pass (the model's
+  :class:`~posenc_lab.encodings.Tables` share them among the layers). Trains on every device. The
+  mask has the queries' dtype: under bf16 autocast a large bias is rounded (ALiBi's gentlest head
+  at distance 16k, about -62.5, to steps of 0.25), where ``flex`` computes the bias in float32.
+* ``flex``: FlexAttention with the bias as a ``score_mod`` and a causal block mask: compiled on CUDA,
+  no ``n x n`` tensor anywhere. On the CPU forward only, and uncompiled: torch then builds the whole
+  ``n x n`` score square (a reference path, slow; ``sdpa`` is the CPU's fast one).
+* ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
+
+Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
+of the keys, as with a key/value cache). ``reach=W`` restricts every query further to the keys less
+than ``W`` positions away (``i - j < W``; ``|i - j| < W`` when not causal): a sliding-window mask, as
+in Longformer or Mistral, which every backend applies (the ``sdpa`` backend gives each block of
+queries only the keys it can reach). A model trained at length ``L`` and run with ``reach=L`` never
+looks further back than it was trained to: the baseline that using longer context must beat. Non-causal attention is defined for every encoding except
+FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
+
+The package holds :func:`attention` and its checks; the backends in :mod:`~posenc_lab.backends.kernels`, the
+masks and the bias in the forms they consume in :mod:`~posenc_lab.backends.masks`, the key/value caches in
+:mod:`~posenc_lab.backends.cache`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..encodings import Encoding, NoPE, Tables
+from ..errors import PosencError, check_positions, unknown_name
+from .cache import KVCache, SinkCache
+from .kernels import (BACKENDS, BLOCK, GRAD_BLOCK, MASK_BUDGET, _BACKEND_FNS, _reference, choose_backend,
+                      first_kernel_that_compiles, flex_available, repeat_kv)
+from .masks import bias_block, bias_mask, bias_tensor, future_mask, out_of_reach, score_mod, toeplitz
+
+__all__ = ["BACKENDS", "BLOCK", "GRAD_BLOCK", "MASK_BUDGET", "KVCache", "SinkCache", "attention", "bias_block",
+           "bias_mask", "bias_tensor", "choose_backend", "first_kernel_that_compiles", "flex_available",
+           "future_mask", "out_of_reach", "repeat_kv", "score_mod", "toeplitz", "_reference"]
+
+_NOPE = NoPE()
+
+
+def _check_inputs(q, k, v, positions) -> torch.Tensor:
+    """The positions, checked against ``q, k, v``: ``(n,)`` (default ``0 .. n-1``), or ``(b, n)`` reduced to ``(n,)``
+    when every row is the same. ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise PosencError(f"q, k, v must be 4-d (batch, heads, positions, head_dim); got {q.dim()}-d, {k.dim()}-d, {v.dim()}-d")
+    grouped = k.shape[1] >= 1 and q.shape[1] % k.shape[1] == 0
+    if q.shape[::2] != k.shape[::2] or q.shape[-1] != k.shape[-1] or not grouped or k.shape[:-1] != v.shape[:-1]:
+        raise PosencError(
+            f"q, k, v shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            "(q and k must be equal but for k's heads, which must divide q's; v may differ from k only in its last axis)"
+        )
+    b, n = q.shape[0], q.shape[-2]
+    if positions is None:
+        return torch.arange(n, device=q.device)
+    if not isinstance(positions, torch.Tensor) or positions.shape not in ((n,), (b, n)):
+        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise PosencError(f"positions must have shape ({n},) or ({b}, {n}), got {shape}")
+    check_positions(positions)
+    positions = positions.to(q.device)
+    if positions.dim() == 2 and not torch.compiler.is_compiling() and bool((positions == positions[:1]).all()):
+        return positions[0]
+    return positions
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    encoding: Encoding | None = None,
+    *,
+    backend: str = "auto",
+    causal: bool = True,
+    positions: torch.Tensor | None = None,
+    cache: KVCache | SinkCache | None = None,
+    reach: int | None = None,
+    tables: Tables | None = None,
+) -> torch.Tensor:
+    """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
+
+    ``k`` and ``v`` may have ``h_kv`` heads for any ``h_kv`` dividing ``h`` (grouped-query attention; ``h_kv = 1``
+    is multi-query): query head ``i`` attends with key head ``i // (h / h_kv)`` (:func:`repeat_kv`), and a
+    :class:`KVCache` stores the ``h_kv`` heads only. Half-precision inputs give an output of their dtype.
+
+    ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens.
+    Positions ``b n`` (Hugging Face's ``position_ids``) give each batch row its own: the same result as
+    attending row by row. ``tables``: the encoding's :meth:`~posenc_lab.encodings.Encoding.tables` at this
+    very ``positions`` tensor, which a model builds once per forward pass and hands to every layer (its
+    rotation tables, and the bias mask the first layer builds for the others); without them, everything
+    is computed here.
+    ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
+    bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
+    one-directional T5 bias have no non-causal form and refuse it.
+
+    With a :class:`KVCache`, ``q, k, v`` are the *new* tokens (default positions: continuing the
+    cache): their keys and values are appended, and the new queries attend to every cached key
+    (causally: each to the keys up to its own position), through the same backends.
+
+    ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
+    away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
+    cache's slots (``positions`` and ``tables`` are ignored) and every key is rotated anew at each step.
+    """
+    _check_options(backend, reach)
+    encoding = _NOPE if encoding is None else encoding
+    if isinstance(cache, SinkCache):
+        return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach)
+    if tables is not None and not tables.serves(encoding, positions):
+        raise PosencError("tables serve the encoding and the positions tensor they were built for "
+                          "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
+    if cache is not None:
+        return _attend_cache(q, k, v, encoding, backend, causal, positions, cache, reach, tables)
+    positions = _check_inputs(q, k, v, positions)
+    if positions.dim() == 2 and (encoding.has_bias or reach is not None):
+        # a bias or a window read the positions of every pair: one row at a time, each with its own table
+        return torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend=backend, causal=causal,
+                                    positions=positions[i], reach=reach) for i in range(q.shape[0])])
+    if not causal and not encoding.noncausal:
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form{encoding.noncausal_hint}: use causal=True")
+    if backend == "auto":
+        backend = choose_backend(encoding, q.device)
+    _check_flex(backend, q.device)
+    q, k = encoding.rotate(q, k, positions, tables)
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions, causal,
+                                 reach, tables)
+
+
+def _check_options(backend: str, reach) -> None:
+    if backend not in BACKENDS:
+        raise unknown_name("attention backend", backend, BACKENDS)
+    if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
+        raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
+
+
+def _check_flex(backend: str, device: torch.device) -> None:
+    if backend == "flex" and not flex_available(device):
+        raise PosencError(f"FlexAttention is not available on {device} with torch {torch.__version__}")
+
+
+def _check_batch(cache, k: torch.Tensor, hint: str = "") -> None:
+    if cache.k is not None and cache.k.shape[0] != k.shape[0]:
+        raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
+                          f"batch of {k.shape[0]}: use a new cache{hint} for another batch")
+
+
+def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, reach):
+    """:func:`attention` with a :class:`SinkCache`: every cached key rotated anew at its slot."""
+    _check_inputs(q, k, v, None)
+    if not causal:
+        raise PosencError("a sink cache serves causal attention only")
+    if not encoding.cacheable:
+        raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
+                          "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
+                          "positions): a sink cache cannot serve it")
+    _check_batch(cache, k)
+    backend = "sdpa" if backend == "auto" else backend
+    _check_flex(backend, q.device)
+    k_all, v_all = cache.append(k, v)
+    k_pos = torch.arange(k_all.shape[-2], device=q.device)
+    q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
+    q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos,
+                                 causal, reach)
+
+
+def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables):
+    """:func:`attention` with a :class:`KVCache`: the new keys rotated once, as they enter the cache."""
+    if positions is None:
+        positions = cache.next_positions(q.shape[-2], q.device)
+    positions = _check_inputs(q, k, v, positions)
+    if positions.dim() == 2:
+        raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
+                          "(n,), or rows that are all the same")
+    if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
+        backend = "sdpa"
+    if not encoding.cacheable:
+        raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
+                          "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, or "
+                          "randomized positions), which a key/value cache cannot serve: fix the factor "
+                          "(factor=...), use dynamic='cache', or run without a cache")
+    if not causal and not encoding.noncausal:
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
+    _check_flex(backend, q.device)
+    _check_batch(cache, k, " (model.new_cache())")
+    q = encoding.rotate_one(q, positions, "q", tables)
+    k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
+    heads = q.shape[1]
+    return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
+                                 causal, reach, tables)

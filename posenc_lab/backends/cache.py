@@ -1,0 +1,94 @@
+"""The key/value caches of incremental decoding: :class:`KVCache` (every key kept, rotated once) and
+:class:`SinkCache` (attention sinks and a rolling window, StreamingLLM)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import PosencError
+
+
+class KVCache:
+    """One layer's key/value cache for incremental decoding: keys, values and their positions so far.
+
+    Keys are stored rotated, once, when they enter (RoPE, xPos): a cache never re-rotates them. That
+    is why dynamic NTK in its ``"sequence"`` form (every key re-rotated with the current base) cannot
+    be served by a cache at all: re-rotating the cached keys of the first layer would not be enough,
+    because every deeper layer's keys and values were computed from the earlier layers' outputs
+    under the old base.
+    """
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.positions is None else self.positions.shape[-1]
+
+    def next_positions(self, n: int, device) -> torch.Tensor:
+        """The positions of ``n`` new tokens: they continue from the last cached one (from 0 when empty)."""
+        start = 0 if self.positions is None else int(self.positions[-1]) + 1
+        return torch.arange(start, start + n, device=device)
+
+    def append(self, k, v, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append the new keys, values (``b h n d``) and positions (``n``); returns everything cached."""
+        if self.k is None:
+            self.k, self.v, self.positions = k, v, positions
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+            self.positions = torch.cat([self.positions, positions])
+        return self.k, self.v, self.positions
+
+
+class SinkCache:
+    """A rolling key/value cache with attention sinks (Xiao et al. 2024, StreamingLLM): the first ``sinks``
+    tokens stay, and of the rest only the last ``window``; positions are the slots *within the cache*
+    (``0 .. size - 1``), not the tokens' positions in the stream, so a stream of any length never shows
+    the encoding a distance or a position beyond ``sinks + window``.
+
+    Keys are stored *before* rotation and rotated with their slot positions at every step (a slot's
+    position changes as the window rolls); biases are computed on the slots too. ``sinks=0`` is a
+    plain rolling window. Tokens past the capacity must come one at a time (each sees its own
+    window); a stream shorter than the capacity is attended exactly as with :class:`KVCache`.
+    """
+
+    def __init__(self, window: int, sinks: int = 0):
+        for name, value, low in (("window", window, 1), ("sinks", sinks, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PosencError(f"the sink cache's {name} must be an integer >= {low}, got {value!r}")
+        self.window, self.sinks = window, sinks
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.seen = 0  # tokens of the stream so far
+
+    @property
+    def capacity(self) -> int:
+        """The most tokens the cache holds: ``sinks + window``."""
+        return self.sinks + self.window
+
+    def __len__(self) -> int:
+        """The slot the next token will take (the cache is trimmed to ``capacity`` after each token)."""
+        held = 0 if self.k is None else self.k.shape[-2]
+        return min(held, self.capacity - 1)
+
+    def next_positions(self, n: int, device) -> torch.Tensor:
+        """The slots of ``n`` new tokens (within the capacity)."""
+        return torch.arange(len(self), len(self) + n, device=device)
+
+    def append(self, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new (unrotated) keys and values; keep the sinks and the last ``window``; return them."""
+        held = 0 if self.k is None else self.k.shape[-2]
+        n = k.shape[-2]
+        if n > 1 and held + n > self.capacity:
+            raise PosencError(f"a sink cache of {self.capacity} slots holds {held}: past its capacity, feed the "
+                              f"tokens one at a time (got {n})")
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        self.seen += n
+        if self.k.shape[-2] > self.capacity:
+            keep = torch.cat([torch.arange(self.sinks), torch.arange(self.k.shape[-2] - self.window, self.k.shape[-2])])
+            self.k, self.v = self.k[:, :, keep.to(self.k.device)], self.v[:, :, keep.to(self.v.device)]
+        return self.k, self.v
