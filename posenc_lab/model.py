@@ -193,15 +193,7 @@ class GPT(nn.Module):
         each new token, ``b max_new_tokens vocab``). A learned position table stops with a clear error
         at its end.
         """
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-            raise PosencError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise PosencError(f"temperature must be a number >= 0, got {temperature!r}")
-        prompt = prompt[None] if prompt.dim() == 1 else prompt
-        if prompt.dim() != 2 or prompt.shape[1] == 0:
-            raise PosencError(f"the prompt must hold at least one token (shape b x n, n >= 1), got {tuple(prompt.shape)}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise PosencError(f"top_k must be a positive integer, got {top_k!r}")
+        prompt = _checked_prompt(prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
         restore = self._fix_scaling(prompt.shape[1] + max_new_tokens, dynamic)
@@ -279,3 +271,17 @@ class GPT(nn.Module):
         if self.head.weight is not self.tok_emb.weight:
             looked_up += self.tok_emb.weight.numel()
         return 6 * (self.num_params() - looked_up) + 6 * self.cfg.n_layer * seq_len * self.cfg.d_model
+
+
+def _checked_prompt(prompt: torch.Tensor, max_new_tokens, temperature, top_k) -> torch.Tensor:
+    """:meth:`GPT.generate`'s arguments checked (one sentence each); the prompt as ``b n``."""
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise PosencError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise PosencError(f"temperature must be a number >= 0, got {temperature!r}")
+    prompt = prompt[None] if prompt.dim() == 1 else prompt
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise PosencError(f"the prompt must hold at least one token (shape b x n, n >= 1), got {tuple(prompt.shape)}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise PosencError(f"top_k must be a positive integer, got {top_k!r}")
+    return prompt

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc_lab import PosencError, make_encoding, rope
+from posenc_lab import PosencError, make_encoding, rope, xpos
 
 DIM = 16
 
@@ -193,12 +193,12 @@ def test_yarn_scaled_frequencies_interpolate_between_pi_and_plain():
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_xpos_score_is_relative_and_decays_by_zeta_power(layout):
     q, k, freqs, scale_base = rand(DIM), rand(DIM, seed=1), rope.inv_freq(DIM), 64.0
-    zeta = rope.xpos_zeta(DIM)
+    zeta = xpos.xpos_zeta(DIM)
     perm = torch.arange(DIM) if layout == "half" else torch.tensor([j for i in range(DIM // 2) for j in (i, i + DIM // 2)])
 
     def xscore(m, n, length):
         positions = torch.arange(length)
-        qx, kx = rope.apply_xpos(q.expand(length, DIM)[:, perm], k.expand(length, DIM)[:, perm], positions, freqs,
+        qx, kx = xpos.apply_xpos(q.expand(length, DIM)[:, perm], k.expand(length, DIM)[:, perm], positions, freqs,
                                  scale_base=scale_base, layout=layout)
         return float(qx[m] @ kx[n])
 

@@ -335,3 +335,55 @@ def test_a_model_with_new_encoding_weights_equals_one_built_with_them(name, rout
         after = model(ids)
         torch.testing.assert_close(after, want(ids))
     assert not torch.equal(after, before)
+
+
+# --------------------------------------------------------------------------------------------- the kept masks
+
+
+def _counting_builds(monkeypatch) -> list:
+    from posenc_lab.backends import masks
+
+    calls, build = [], masks.bias_block
+    monkeypatch.setattr(masks, "bias_block", lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_evaluation_keeps_the_masks_for_the_next_window_at_the_same_positions(name, monkeypatch):
+    """Window after window at the same positions: the first forward pass builds the mask, the next ones reuse it;
+    another length replaces it; the outputs equal those of passes that build everything afresh."""
+    model, calls = gpt(name).eval(), _counting_builds(monkeypatch)
+    short, long_ = IDS[:, :TRAIN_LEN // 2], IDS[:, :TRAIN_LEN]
+    with torch.no_grad():
+        first = model(long_)
+        again = model(long_)
+        assert len(calls) == 1
+        model(short)
+        model(long_)
+        assert len(calls) == 3  # one length kept at a time
+        model.encoding.forget_masks()
+        fresh = model(long_)
+    assert len(calls) == 4
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    torch.testing.assert_close(fresh, first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["t5", "fire"])
+def test_nothing_is_kept_in_training_mode_or_under_gradients(name, monkeypatch):
+    model, calls = gpt(name), _counting_builds(monkeypatch)
+    ids = IDS[:, :TRAIN_LEN]
+    with torch.no_grad():
+        model.train()(ids)
+        model(ids)
+    model.eval()(ids)  # gradients reach the bias's parameters
+    model(ids)
+    assert len(calls) == 4 and model.encoding._kept is None
+
+
+def test_loading_weights_drops_the_kept_masks():
+    model = gpt("t5").eval()
+    with torch.no_grad():
+        model(IDS[:, :TRAIN_LEN])
+    assert model.encoding._kept is not None
+    model.load_state_dict(gpt("t5").state_dict())
+    assert model.encoding._kept is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import rope
+from .. import rope, xpos
 from ..errors import PosencError, check_even, unknown_name
 from .base import Encoding, NoPE, Tables, position_span
 
@@ -70,6 +70,7 @@ class RoPE(Encoding):
         rope.scaled_inv_freq(method, self.rotary_dim, base=self.base, train_len=self.train_len,
                              seq_len=self.train_len, factor=factor, **options)
         self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
+        self.forget_masks()
         return self
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
@@ -239,7 +240,7 @@ class RoPENoPELayers(RoPE):
 
 
 class XPos(Encoding):
-    """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`rope.apply_xpos`.
+    """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`xpos.apply_xpos`.
 
     ``rotate`` centres the positions of the sequence (no score changes, the powers stay small);
     ``rotate_one`` (a key/value cache, where queries and keys are scaled at different times) uses
@@ -258,12 +259,12 @@ class XPos(Encoding):
         self.scale_base, self.gamma, self.layout = scale_base, gamma, layout
 
     def rotate(self, q, k, positions, tables=None):
-        return rope.apply_xpos(q, k, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
+        return xpos.apply_xpos(q, k, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
                                layout=self.layout)
 
     def rotate_one(self, x, positions, role, tables=None):
         if role not in ("q", "k"):
             raise PosencError(f"role must be 'q' or 'k', got {role!r}")
-        q, k = rope.apply_xpos(x, x, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
+        q, k = xpos.apply_xpos(x, x, positions, self.freqs, scale_base=self.scale_base, gamma=self.gamma,
                                layout=self.layout, centre=0)
         return q if role == "q" else k
