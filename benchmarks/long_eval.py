@@ -7,7 +7,8 @@ The experiment's GPT with each encoding (fresh weights: the cost does not depend
 one window of each length without gradients, exactly as ``evaluate()`` runs it (same precision,
 denormals flushed). ``first_ms`` is the first call at a length (with its one-off costs: the
 allocator's first blocks of that size); ``ms`` the median of the calls after it (every later window
-of an evaluation), best of interleaved rounds. Each call builds its bias once, for all its layers.
+of an evaluation, which reuse the masks the encoding keeps), best of interleaved rounds. The first call
+builds its bias once, for all its layers.
 ``peak_gib``: the process's peak resident set during the first two calls on
 the CPU (bias building included; everything the process holds counts), peak allocated memory
 on CUDA. ``vs_nope``: ``ms`` over NoPE's at the
