@@ -17,9 +17,9 @@ them (attention under SDPA's math kernel, which the counter sees; x-transformers
 einsum path, ``attn_flash=False``, because its SDPA path picks kernels the counter has no formula
 for); ``train_flop_speedup`` is the ratio of FLOPs per second, the speedup for equal work.
 
-An earlier version (before issue 21) left x-transformers at 64-dimensional heads: its attention was
-twice as wide as ours (1.09 M against 0.82 M parameters), and its speedups of 1.5-2.3x partly
-measured that difference in size.
+Both models have the same head size: x-transformers' default of 64-dimensional heads would make its
+attention twice as wide as ours (1.09 M against 0.82 M parameters), and a speedup would partly
+measure that difference in size.
 """
 
 from __future__ import annotations

@@ -24,9 +24,8 @@ Four measurements, each against a baseline taken in the same run:
 * **levers**, one at a time against the default step: ``torch.compile`` of the loss (inductor's
   C++ backend; compile time reported apart), AdamW ``fused`` in place of ``foreach``, one thread in
   place of all. Each lever's loss after the same steps from the same start is compared with the
-  default's. ``one-bias-block`` is the learned biases' training path before issue 21 (the whole
-  attention square in one explicit softmax) against today's blocks of queries: below 1 means the
-  blocks are faster.
+  default's. ``one-bias-block`` trains the learned biases through the whole attention square in one
+  explicit softmax, against the default blocks of queries: below 1 means the blocks are faster.
 """
 
 from __future__ import annotations

@@ -202,15 +202,15 @@ def passkey_scores(model, windows: dict, *, batch_size: int = 8, device="cpu") -
 
 def passkey_table(rows) -> "pandas.DataFrame":
     """Per label and length: exact match pooled over depths and seeds (Wilson 95 % interval), the per-digit and
-    first-digit accuracy, the choice accuracy (argmax over the ten digits; NaN for runs made before it was
-    measured; over the rows that measured it only, counted in ``choice_trials``), and the mean distance from the
+    first-digit accuracy, the choice accuracy (argmax over the ten digits; NaN for tables without the column;
+    over the rows that measured it only, counted in ``choice_trials``), and the mean distance from the
     planted digits to the question."""
     import pandas as pd
 
     df = pd.DataFrame(rows).assign(label=label_column)
     df["digit_hits"] = df["digit_accuracy"] * df["trials"]
     df["first_hits"] = df["first_digit_accuracy"] * df["trials"]
-    if "choice_accuracy" not in df:  # runs made before the column existed
+    if "choice_accuracy" not in df:  # a table without the choice accuracy
         df["choice_accuracy"] = math.nan
     measured = df["choice_accuracy"].notna()
     df["choice_hits"] = (df["choice_accuracy"] * df["trials"]).where(measured, 0.0)

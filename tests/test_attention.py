@@ -41,8 +41,8 @@ def encoding_for(name: str, causal: bool):
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_backend_matches_reference_at_any_positions_both_directions(name, backend, pos, causal):
-    """Regression (issue 9): flex ignored ``positions``; sdpa and flex clamped future keys to distance 0.
-    FIRE and xPos (whose decay would grow without bound for keys after the query) have no non-causal form."""
+    """Every backend reads ``positions`` (not the indices) and scores keys after the query at their own signed
+    distance, in both directions. FIRE and xPos (whose decay would grow without bound for keys after the query) have no non-causal form."""
     enc = encoding_for(name, causal)
     q, k, v = qkv(n=64)
     p = POSITIONS[pos](64)
@@ -242,7 +242,7 @@ def test_learned_bias_gradient_is_the_same_through_every_backend():
 @pytest.mark.parametrize("pos", ["arange", "offset"])
 @pytest.mark.parametrize("name", ["t5", "kerple", "fire"])
 def test_learned_bias_gradients_through_query_blocks_match_reference(name, pos, causal):
-    """Issue 21: a learned bias trains through blocks of GRAD_BLOCK queries, each with the keys it can see;
+    """A learned bias trains through blocks of GRAD_BLOCK queries, each with the keys it can see;
     every gradient (queries, keys, values, the bias's parameters) is the float64 reference's, across a
     length that is not a multiple of the block."""
     from posenc_lab.backends import GRAD_BLOCK

@@ -130,7 +130,7 @@ def test_fire_bias_is_the_mlp_of_the_normalised_distance():
 
 
 def test_fire_stays_finite_when_its_c_underflows():
-    """Regression (issue 9): with c = 0 the normalised distance was 0 / 0."""
+    """With c = 0 the normalised distance would be 0 / 0: FIRE keeps c away from 0."""
     fire = bias.FIRE(4, init_threshold=64.0)
     with torch.no_grad():
         fire.raw_c.fill_(-1000.0)  # softplus underflows to exactly 0 in float32

@@ -341,7 +341,7 @@ def test_notebook_plotly_outputs_draw_offline_in_a_browser(tmp_path):
 
 @pytest.mark.slow
 def test_no_sideways_scrolling_at_1300_px(chapter_doms):
-    """Issue 24: opened at 1300 x 1800, no code block, printed output or table of a chapter scrolls sideways."""
+    """Opened at 1300 x 1800, no code block, printed output or table of a chapter scrolls sideways."""
     wide = {}
     for stem, dom in chapter_doms.items():
         found = re.search(r'data-overflow="([^"]*)"', dom)

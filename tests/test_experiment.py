@@ -295,7 +295,7 @@ def test_article_preset_runs_at_toy_size(tmp_path):
 
 @pytest.mark.slow
 def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_at_toy_size(tmp_path):
-    """Issue 20: article-long is article-cpu's model, recipe and evaluation with at least 4x its training tokens
+    """article-long is article-cpu's model, recipe and evaluation with at least 4x its training tokens
     (the schedule stretched alike), for the article's encodings, three seeds, 16 checkpoint evaluations; end to end
     at toy size, with numbers behind every claim in both modes and the verdicts along training."""
     long, short = experiment.PRESETS["article-long"], experiment.PRESETS["article-cpu"]

@@ -1,4 +1,4 @@
-"""The explorable figures (issue 24): the numbers are the package's formulas, the sliders switch settings."""
+"""The explorable figures: the numbers are the package's formulas, the sliders switch settings."""
 
 import html as html_text
 import json

@@ -31,7 +31,7 @@ def test_unknown_results_are_a_clear_error():
 def test_committed_models_reproduce_their_committed_numbers(encoding):
     """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32.
 
-    Sinusoidal checks that a model is rebuilt as its run trained it (the recipe changed in issue 19)."""
+    Sinusoidal checks that a model is rebuilt with the recipe its run trained with (config.json says which)."""
     from posenc_lab.data import load_corpus
     from posenc_lab.evaluate import evaluate
 

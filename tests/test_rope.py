@@ -254,7 +254,7 @@ def released_yarn_inv_freq(dim, base, L, s, beta_fast=32.0, beta_slow=1.0):
 
 @pytest.mark.parametrize("dim,L,s", [(128, 4096, 8.0), (64, 2048, 4.0), (32, 512, 16.0), (32, 128, 4.0), (16, 64, 2.0)])
 def test_yarn_default_is_what_released_models_compute(dim, L, s):
-    """Regression (issue 9): the default ramp was the paper's (linear in turns), not the released models' (linear in index)."""
+    """The default ramp is the released models' (linear in the pair index), not the paper's (linear in turns)."""
     freqs, factor = rope.scaled_inv_freq("yarn", dim, train_len=L, factor=s)
     want = torch.tensor(released_yarn_inv_freq(dim, 10000.0, L, s), dtype=torch.float64)
     torch.testing.assert_close(freqs.double(), want, rtol=1e-12, atol=0)
@@ -270,7 +270,7 @@ def test_yarn_ramp_pair_making_r_turns_makes_r_turns():
 
 @pytest.mark.parametrize("layout", rope.LAYOUTS)
 def test_rope_object_rotates_float64_to_float64_precision(layout):
-    """Regression (issue 9): the RoPE object's tables were float32 whatever the input."""
+    """The RoPE object's tables follow the input's precision: float64 in, float64 out."""
     d, n = 32, 300
     enc = make_encoding("rope", d_model=d * 2, num_heads=2, train_len=64, layout=layout)
     q = torch.randn(1, 2, n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -210,7 +210,7 @@ def test_critical_dimension_counts_the_pairs_that_turn_fully_in_training(dim, ba
 
 
 def test_critical_dimension_of_the_article_cpu_head():
-    """d = 32, L = 512: base 500, 10,000 and 500,000 (the bases of issue 25's study)."""
+    """d = 32, L = 512: base 500, 10,000 and 500,000 (the bases chapter 12 compares)."""
     assert [rope.critical_dimension(32, b, 512) for b in (500, 10_000, 500_000)] == [24, 16, 12]
     with pytest.raises(PosencError, match="above 1"):
         rope.critical_dimension(32, 1.0, 512)
