@@ -2,21 +2,22 @@
 
 An encoding enters a Transformer in at most one of three places:
 
-============  =====================================================  ==============================
+============  =====================================================  ====================================
 hook          what it does                                            encodings
-============  =====================================================  ==============================
+============  =====================================================  ====================================
 ``embed``     adds a vector to each token embedding                   sinusoidal, learned
-``rotate``    transforms queries and keys before the dot product      rope (+ scalings), xpos
+``rotate``    transforms queries and keys before the dot product      rope (+ scalings), xpos, fope, ssmax
 ``bias``      adds ``b[h, i, j]`` to each attention logit             alibi, t5, kerple, fire
 (none)        nothing                                                 nope
-============  =====================================================  ==============================
+============  =====================================================  ====================================
 
 The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
 builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
-``embedded``, ``rotary``, ``biases`` and ``randomized``, and are documented here.
+``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE) and ``scaled`` (SSMax, whose factor
+``s log n`` multiplies the queries), and are documented here.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from ..errors import PosencError, unknown_name
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
+from .fourier import FoPE
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
+from .scaled import SSMax, SSMaxRoPE
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "Kerple", "Learned", "NoPE", "PRoPE",
+    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "FoPE", "Kerple", "Learned", "NoPE", "PRoPE",
     "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers",
-    "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "make_encoding", "position_span", "strategies_of",
+    "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "make_encoding", "position_span",
+    "strategies_of",
 ]
 
 
@@ -42,7 +46,7 @@ __all__ = [
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
-                              RandomizedLearned)
+                              RandomizedLearned, SSMax, SSMaxRoPE, FoPE)
 }
 
 

@@ -1,0 +1,123 @@
+"""Scalable-Softmax (SSMax, Nakanishi 2025): attention whose logits grow with the number of keys, on any base encoding.
+
+A softmax over ``n`` logits flattens as ``n`` grows: its largest weight tends to zero. SSMax multiplies the
+logits ``z_j = q_m . k_j / sqrt(d)`` of a query that attends over ``n`` keys by ``s log n``,
+
+    SSMax(z)_j = n^(s z_j) / sum_i n^(s z_i) = softmax((s log n) z)_j,
+
+with ``s`` a learned scalar per head. Because the factor multiplies the whole logit (there is no bias to leave
+out with NoPE or RoPE), it can multiply the query instead: every backend and a key/value cache then compute
+SSMax with no change, the keys untouched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum, rearrange
+from torch import nn
+
+from ..errors import PosencError, check_positive
+from .base import Encoding, NoPE, Tables
+from .rotary import RoPE
+
+
+def causal_key_counts(positions: torch.Tensor) -> torch.Tensor:
+    """``n(p) = p + 1`` in float64 (shape of ``positions``): the keys a query at position ``p`` sees under causal
+    attention over positions ``0 .. p``."""
+    return positions.to(torch.float64) + 1
+
+
+def ssmax_factor(s: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """SSMax's logit factor ``s_h log n(p)`` with ``n(p) = p + 1`` (:func:`causal_key_counts`): ``h n`` for
+    positions ``n``, ``b h n`` for positions ``b n``, in ``s``'s dtype (float32 or better).
+
+    At ``n = e^(1/s_h)`` the factor is 1 and head ``h`` attends as plain softmax; past it, more sharply.
+    """
+    dtype = torch.promote_types(s.dtype, torch.float32)
+    log_n = causal_key_counts(positions).log().to(device=s.device, dtype=dtype)
+    return einsum(s.to(dtype), log_n, "h, ... n -> ... h n")
+
+
+def initial_s(train_len: int) -> float:
+    """``1 / log L``: the ``s`` at which the factor ``s log n`` is 1 at the training length ``n = L``."""
+    if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 2:
+        raise PosencError(f"SSMax needs a training length of at least 2 (its factor is s log n), got {train_len!r}")
+    return 1.0 / math.log(train_len)
+
+
+class SSMax(Encoding):
+    """Scalable-Softmax (Nakanishi 2025) on a base encoding (NoPE here; RoPE in :class:`SSMaxRoPE`).
+
+    The base's ``rotate`` hook runs first; then each query at position ``p`` of head ``h`` is multiplied by
+    ``s_h log n`` (:func:`ssmax_factor`), so that the logits become ``(s_h log n) q_p . k_j / sqrt(d)`` and the
+    softmax over them is the paper's ``softmax((s log n) z)``. ``n = p + 1``, the number of keys the query sees
+    under causal attention; a sliding window of ``W`` keys (``reach=W``) would make it ``min(p + 1, W)``, which
+    this hook does not see: under a window the factor stays ``s_h log(p + 1)``. Non-causal attention, where every
+    query sees all the keys, is refused.
+
+    ``s`` is one learned scalar per head, shared by the layers as the encoding is (the paper learns one per
+    head and layer). ``s_init`` defaults to ``1 / log L`` (:func:`initial_s`), at which ``s log n = 1`` at the
+    training length ``n = L``: at initialisation the model attends at ``L`` as with plain softmax, less sharply
+    before and more sharply past it, and training moves ``s`` from there. (This is a choice of the package, not
+    a value from the paper, whose Figure 1 illustrates SSMax with ``s = 0.43``.)
+    """
+
+    name, hook, variant_of = "ssmax", "rotate", "nope"
+    shape = {"num_heads": "num_heads", "train_len": "train_len"}
+    noncausal = False
+    noncausal_hint = " (SSMax counts the n = p + 1 keys a query sees causally)"
+
+    def __init__(self, num_heads: int, *, train_len: int, s_init: float | None = None, inner: Encoding | None = None):
+        super().__init__()
+        check_positive("SSMax's number of heads", num_heads)
+        s_init = initial_s(train_len) if s_init is None else s_init
+        if isinstance(s_init, bool) or not isinstance(s_init, (int, float)) or not math.isfinite(s_init):
+            raise PosencError(f"SSMax's s_init must be a finite number, got {s_init!r}")
+        self.num_heads, self.train_len = num_heads, train_len
+        self.s = nn.Parameter(torch.full((num_heads,), float(s_init)))
+        self.inner = NoPE() if inner is None else inner
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+        """The base encoding's rotation tables, served as this encoding's (``s`` is read afresh at every layer)."""
+        return Tables(self, positions, rotation=self.inner.tables(positions, dtype).rotation)
+
+    def rotate(self, q, k, positions, tables=None):
+        return self.rotate_one(q, positions, "q", tables), self.rotate_one(k, positions, "k", tables)
+
+    def rotate_one(self, x, positions, role, tables=None):
+        """The base's rotation of ``x``; queries (``role="q"``, ``... h n d``) also multiplied by ``s_h log(p + 1)``."""
+        if role not in ("q", "k"):
+            raise PosencError(f"role must be 'q' or 'k', got {role!r}")
+        x = self.inner.rotate_one(x, positions, role, tables)
+        if role == "k":
+            return x
+        if x.dim() < 3 or x.shape[-3] != self.num_heads:
+            raise PosencError(f"SSMax has one s per head ({self.num_heads}); the queries have shape {tuple(x.shape)}")
+        compute = torch.promote_types(x.dtype, torch.float32)
+        factor = rearrange(ssmax_factor(self.s.to(compute), positions), "... h n -> ... h n 1")
+        return (x.to(compute) * factor).to(x.dtype)
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the base encoding can be served by a key/value cache (the factor is the query's own)."""
+        return self.inner.cacheable
+
+    def extra_repr(self):
+        return f"heads={self.num_heads}, train_len={self.train_len}, on={self.inner.name}"
+
+
+class SSMaxRoPE(SSMax):
+    """SSMax (:class:`SSMax`) on RoPE: the logits ``(s_h log(p + 1)) (R_p q) . (R_j k) / sqrt(d)``.
+
+    ``rope_options`` go to :class:`RoPE` (``base``, ``layout``, ...). The experiment evaluates it as trained
+    (no RoPE extrapolation strategy): SSMax is itself the answer to longer contexts it is compared on.
+    """
+
+    name, variant_of = "ssmax-rope", "rope"
+    shape = {"head_dim": "head_dim", "num_heads": "num_heads", "train_len": "train_len"}
+
+    def __init__(self, head_dim: int, *, num_heads: int, train_len: int, s_init: float | None = None, **rope_options):
+        super().__init__(num_heads, train_len=train_len, s_init=s_init,
+                         inner=RoPE(head_dim, train_len=train_len, **rope_options))
