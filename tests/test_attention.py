@@ -36,23 +36,30 @@ def encoding_for(name: str, causal: bool):
     return encoding(name, **({"bidirectional": True} if name == "t5" and not causal else {}))
 
 
+def layer_decay(enc, n):
+    """The log forget values a decay-gated encoding (FoX) reads from a layer's input; None for every other encoding."""
+    return enc.decay(torch.randn(B, n, H * D, generator=torch.Generator().manual_seed(9)))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("pos", sorted(POSITIONS))
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_backend_matches_reference_at_any_positions_both_directions(name, backend, pos, causal):
     """Regression (issue 9): flex ignored ``positions``; sdpa and flex clamped future keys to distance 0.
-    FIRE and xPos (whose decay would grow without bound for keys after the query) have no non-causal form."""
+    FIRE and xPos (whose decay would grow without bound for keys after the query), FoX and CoPE (a query decays
+    or counts the keys before it) have no non-causal form."""
     enc = encoding_for(name, causal)
     q, k, v = qkv(n=64)
     p = POSITIONS[pos](64)
-    if not causal and name in ("fire", "xpos"):
+    decay = layer_decay(enc, 64)
+    if not causal and not enc.noncausal:
         with pytest.raises(PosencError, match="no non-causal form"):
-            attention(q, k, v, enc, backend=backend, positions=p, causal=False)
+            attention(q, k, v, enc, backend=backend, positions=p, causal=False, decay=decay)
         return
     with torch.no_grad():
-        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal)
-        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal)
+        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, decay=decay)
+        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal, decay=decay)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
