@@ -2,7 +2,8 @@
 
 Pure functions over a model and a batch of tokens (the chapters draw them with :mod:`plots`). The
 attention weights are recomputed explicitly from each layer's input, with the encoding's own
-rotation and bias and the causal mask, ``softmax(q k^T / sqrt(d) + b)``: the formula every
+rotation and bias (and the terms of an encoding that reads the tokens: FoX's decay, CoPE's bias)
+and the causal mask, ``softmax(q k^T / sqrt(d) + b)``: the formula every
 backend is tested against, written out because the fast backends never form the weights.
 """
 
@@ -14,6 +15,8 @@ import torch
 from einops import einsum, rearrange
 
 from .backends import future_mask
+from .backends.tokens import token_mask
+from .encodings.forgetting import forget_sums
 
 
 def _layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -54,6 +57,10 @@ def _attention_logits(model, idx):
             bias = encoding.bias(positions, positions)
             if bias is not None:
                 scores = scores + bias.float()
+            if encoding.reads_tokens:  # FoX's decay from the layer's input, CoPE's term from the queries and keys
+                sums = None if encoding.decay(x) is None else forget_sums(encoding.decay(x))
+                scores = scores + token_mask(encoding, q.float(), k.float(), sums, sums, positions, positions,
+                                             causal=True)
             out.append(scores.masked_fill(future_mask(len(positions), len(positions), idx.device), float("-inf")))
     return out
 

@@ -59,7 +59,8 @@ class GPTConfig:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head causal self-attention through :func:`attention`, with the encoding's ``rotate`` and ``bias`` hooks."""
+    """Multi-head causal self-attention through :func:`attention`, with the encoding's ``rotate`` and ``bias`` hooks,
+    and the ``decay`` a decay-gated encoding reads from the layer's input."""
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head, self.backend = cfg.n_head, cfg.backend
@@ -69,8 +70,9 @@ class SelfAttention(nn.Module):
     def forward(self, x, encoding, positions, cache=None, reach=None, tables=None):
         """``x`` is ``b n d_model``; returns the attention output projected back to ``b n d_model``."""
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
+        decay = encoding.decay(x)  # b h n: a decay-gated layer's log forget values (FoX); None for every other
         y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache, reach=reach,
-                      tables=tables)  # b h n d
+                      tables=tables, decay=decay)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 
@@ -110,7 +112,7 @@ class GPT(nn.Module):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layer))
         # the encoding is built after the GPT-2 init so that it keeps its own initialisation
         self.encoding = make_encoding(cfg.encoding, d_model=cfg.d_model, num_heads=cfg.n_head,
-                                      train_len=cfg.train_len, **cfg.encoding_options)
+                                      train_len=cfg.train_len, n_layer=cfg.n_layer, **cfg.encoding_options)
 
     @staticmethod
     def _refuse_untied_weights(state_dict, prefix, *args):

@@ -28,7 +28,11 @@ from .rope import ROPE_SCALINGS
 # what was added later (tab20b), so that a new name never changes the colour of an old one
 _FIRST = ("nope", "sinusoidal", "sinusoidal-small", "learned", "xpos", "alibi", "t5", "kerple", "fire")
 _FIRST_SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
+# the names that came next, in the order that gave them their colours; anything newer follows them
+_SECOND = ("rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope", "rope-random", "learned-random",
+           "rope/llama3", "rope/llama3+ft")
 _ORDER = list(_FIRST) + [f"rope/{s}" for s in _FIRST_SCALINGS] + [f"rope/{s}+ft" for s in _FIRST_SCALINGS]
+_ORDER += list(_SECOND)
 _ORDER += [n for n in ENCODINGS if n != "rope" and n not in _ORDER]
 _ORDER += [f"rope/{s}{ft}" for ft in ("", "+ft") for s in ROPE_SCALINGS if f"rope/{s}{ft}" not in _ORDER]
 

@@ -28,7 +28,7 @@ def test_every_public_name_is_exported_and_listed_in_the_docstring():
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_make_encoding_takes_head_dim_and_asks_only_for_what_is_used(name):
-    shape = {q: {"d_model": H * D, "num_heads": H, "head_dim": D, "train_len": L}[q]
+    shape = {q: {"d_model": H * D, "num_heads": H, "head_dim": D, "train_len": L, "n_layer": 2}[q]
              for q in set(ENCODINGS[name].shape.values())}
     enc = make_encoding(name, **shape)
     assert isinstance(enc, ENCODINGS[name])
@@ -75,9 +75,11 @@ def test_batch_positions_give_each_row_its_own_answer(starts, n, name, scaled):
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(b, H, n, D, generator=g) for _ in range(3))
     with torch.no_grad():
-        together = attention(q, k, v, enc, backend="reference", positions=positions)
+        decay = enc.decay(torch.randn(b, n, H * D, generator=g))  # a decay-gated encoding's (FoX), None otherwise
+        together = attention(q, k, v, enc, backend="reference", positions=positions, decay=decay)
         rows = torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], enc, backend="reference",
-                                   positions=positions[i]) for i in range(b)])
+                                   positions=positions[i], decay=None if decay is None else decay[i:i + 1])
+                          for i in range(b)])
         torch.testing.assert_close(together, rows, rtol=1e-5, atol=1e-6)
         x = torch.randn(b, n, H * D, generator=g)
         torch.testing.assert_close(enc.embed(x, positions), torch.cat([enc.embed(x[i:i + 1], positions[i])

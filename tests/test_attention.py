@@ -36,25 +36,31 @@ def encoding_for(name: str, causal: bool):
     return encoding(name, **({"bidirectional": True} if name == "t5" and not causal else {}))
 
 
+def layer_decay(enc, n):
+    """The log forget values a decay-gated encoding (FoX) reads from a layer's input; None for every other encoding."""
+    return enc.decay(torch.randn(B, n, H * D, generator=torch.Generator().manual_seed(9)))
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("pos", sorted(POSITIONS))
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_backend_matches_reference_at_any_positions_both_directions(name, backend, pos, causal):
     """Every backend reads ``positions`` (not the indices) and scores keys after the query at their own signed
-    distance, in both directions. FIRE, xPos (whose decay would grow without bound for keys after the query) and
-    SSMax (which counts the keys a query sees causally) have no non-causal form."""
+    distance, in both directions. FIRE, xPos (whose decay would grow without bound for keys after the query), SSMax
+    (which counts the keys a query sees causally), FoX and CoPE (a query decays or counts the keys before it) have no
+    non-causal form."""
     enc = encoding_for(name, causal)
     q, k, v = qkv(n=64)
     p = POSITIONS[pos](64)
+    decay = layer_decay(enc, 64)
     if not causal and not enc.noncausal:
-        assert name in ("fire", "xpos", "ssmax", "ssmax-rope")
         with pytest.raises(PosencError, match="no non-causal form"):
-            attention(q, k, v, enc, backend=backend, positions=p, causal=False)
+            attention(q, k, v, enc, backend=backend, positions=p, causal=False, decay=decay)
         return
     with torch.no_grad():
-        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal)
-        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal)
+        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, decay=decay)
+        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal, decay=decay)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 

@@ -31,6 +31,12 @@ queries only the keys it can reach). A model trained at length ``L`` and run wit
 looks further back than it was trained to: the baseline that using longer context must beat. Non-causal attention is defined for every encoding except
 FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
 
+Logits that read the tokens themselves go through the same three backends in :mod:`~posenc_lab.backends.tokens`,
+with ``b h i j`` masks: CoPE's bias from the queries and keys, and a decay, ``decay=``, the log forget values
+``log f_t`` (``b h n``) that a decay-gated layer's :meth:`~posenc_lab.encodings.Encoding.decay` computes from its
+input (FoX), whose sums ``sum_{l=j+1}^{i} log f_l`` are added to the logits (causal attention only; a
+:class:`KVCache` keeps each cached token's running sum). An encoding with a ``decay`` hook refuses a call without.
+
 The package holds :func:`attention` and its checks; the backends in :mod:`~posenc_lab.backends.kernels`, the
 masks and the bias in the forms they consume in :mod:`~posenc_lab.backends.masks`, the key/value caches in
 :mod:`~posenc_lab.backends.cache`.
@@ -41,11 +47,13 @@ from __future__ import annotations
 import torch
 
 from ..encodings import Encoding, NoPE, Tables
+from ..encodings.forgetting import forget_sums
 from ..errors import PosencError, check_positions, unknown_name
 from .cache import KVCache, SinkCache
 from .kernels import (BACKENDS, BLOCK, GRAD_BLOCK, MASK_BUDGET, _BACKEND_FNS, _reference, choose_backend,
                       first_kernel_that_compiles, flex_available, repeat_kv)
 from .masks import bias_block, bias_mask, bias_tensor, future_mask, out_of_reach, score_mod, toeplitz
+from .tokens import TOKEN_BACKENDS
 
 __all__ = ["BACKENDS", "BLOCK", "GRAD_BLOCK", "MASK_BUDGET", "KVCache", "SinkCache", "attention", "bias_block",
            "bias_mask", "bias_tensor", "choose_backend", "first_kernel_that_compiles", "flex_available",
@@ -90,6 +98,7 @@ def attention(
     cache: KVCache | SinkCache | None = None,
     reach: int | None = None,
     tables: Tables | None = None,
+    decay: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
@@ -114,9 +123,13 @@ def attention(
     ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
     away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
     cache's slots (``positions`` and ``tables`` are ignored) and every key is rotated anew at each step.
+
+    ``decay``: the new tokens' log forget values ``b h n`` (FoX's): logit ``(i, j)`` gets ``sum_{l=j+1}^{i} log f_l``.
     """
     _check_options(backend, reach)
     encoding = _NOPE if encoding is None else encoding
+    if decay is not None or encoding.reads_tokens:  # FoX's decays, CoPE's gates: logits that read the tokens
+        return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay)
     if isinstance(cache, SinkCache):
         return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach)
     if tables is not None and not tables.serves(encoding, positions):
@@ -203,3 +216,65 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
     heads = q.shape[1]
     return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
                                  causal, reach, tables)
+
+
+def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay):
+    """:func:`attention` when the logits read the tokens (:mod:`~posenc_lab.backends.tokens`): the decay's running
+    sums (continuing a :class:`KVCache`'s), then the backend with ``b h i j`` masks."""
+    if decay is None and encoding.has_decay:
+        raise PosencError(f"encoding {encoding.name!r} reads the layer's input: pass decay=encoding.decay(x), the log "
+                          "forget values (b, h, n) of the input x (b, n, d_model)")
+    if not causal and (decay is not None or not encoding.noncausal):
+        raise PosencError(f"encoding {encoding.name!r} has no non-causal form: a query counts or decays the keys "
+                          "before it; use causal=True")
+    if isinstance(cache, SinkCache):
+        return _attend_tokens_sink(q, k, v, encoding, backend, cache, reach, decay)
+    if tables is not None and not tables.serves(encoding, positions):
+        raise PosencError("tables serve the encoding and the positions tensor they were built for "
+                          "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
+    if cache is not None and positions is None:
+        positions = cache.next_positions(q.shape[-2], q.device)
+    positions = _check_inputs(q, k, v, positions)
+    if decay is not None and (decay.dim() != 3 or decay.shape != (q.shape[0], q.shape[1], q.shape[2])):
+        raise PosencError(f"decay must hold a log forget value per batch row, head and token, "
+                          f"{(q.shape[0], q.shape[1], q.shape[2])}; got {tuple(decay.shape)}")
+    backend = "sdpa" if backend == "auto" else backend
+    _check_flex(backend, q.device)
+    if positions.dim() == 2 and (cache is not None or encoding.has_bias or reach is not None):
+        if cache is not None:
+            raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
+                              "(n,), or rows that are all the same")
+        return torch.cat([_attend_tokens(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend, causal, positions[i],
+                                         None, reach, None, None if decay is None else decay[i:i + 1])
+                          for i in range(q.shape[0])])
+    heads = q.shape[1]
+    if cache is None:
+        q, k = encoding.rotate(q, k, positions, tables)
+        sums = None if decay is None else forget_sums(decay)
+        return TOKEN_BACKENDS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions,
+                                      causal, reach, sums, sums)
+    _check_batch(cache, k, " (model.new_cache())")
+    q = encoding.rotate_one(q, positions, "q", tables)
+    k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
+    c_q, c_k = (None, None) if decay is None else cache.continue_sums(decay)
+    return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
+                                  causal, reach, c_q, c_k)
+
+
+def _attend_tokens_sink(q, k, v, encoding, backend, cache: SinkCache, reach, decay):
+    """CoPE with a :class:`SinkCache`: its gates count the keys the cache holds, at their slots. A decay cannot be
+    served: the cache drops the tokens whose forget values the running sums of the kept ones would need."""
+    if decay is not None:
+        raise PosencError("a sink cache drops tokens and keeps no running sums of log forget values: decode a "
+                          "decay-gated encoding (FoX) with a KVCache")
+    _check_inputs(q, k, v, None)
+    _check_batch(cache, k)
+    backend = "sdpa" if backend == "auto" else backend
+    _check_flex(backend, q.device)
+    k_all, v_all = cache.append(k, v)
+    k_pos = torch.arange(k_all.shape[-2], device=q.device)
+    q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
+    q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
+    heads = q.shape[1]
+    return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos, True,
+                                  reach)

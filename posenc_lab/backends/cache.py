@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..encodings.forgetting import forget_sums
 from ..errors import PosencError
 
 
@@ -16,6 +17,9 @@ class KVCache:
     be served by a cache at all: re-rotating the cached keys of the first layer would not be enough,
     because every deeper layer's keys and values were computed from the earlier layers' outputs
     under the old base.
+
+    A decay-gated encoding (FoX) also keeps each cached token's running sum of log forget values
+    (:meth:`continue_sums`): a new query's decay to a cached key is the difference of the two sums.
     """
 
     def __init__(self):
@@ -39,6 +43,21 @@ class KVCache:
             self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
             self.positions = torch.cat([self.positions, positions])
         return self.k, self.v, self.positions
+
+    #: the running sums ``c_t`` of the cached tokens' log forget values (``b h n``), for a decay-gated encoding (FoX)
+    sums: torch.Tensor | None = None
+
+    def continue_sums(self, decay: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The running sums ``c_t = c_{t-1} + log f_t`` of the new tokens' log forget values ``decay`` (``b h n``),
+        continuing from the last cached token's, and appended to the cache's (after :meth:`append` has added their
+        keys); returns the new tokens' sums and every cached token's."""
+        held = 0 if self.sums is None else self.sums.shape[-1]
+        if held != len(self) - decay.shape[-1]:
+            raise PosencError(f"the cache holds {len(self) - decay.shape[-1]} earlier tokens but the log forget sums "
+                              f"of {held}: hand the decays to every call, from the first token on, or use a new cache")
+        new = forget_sums(decay, None if self.sums is None else self.sums[..., -1])
+        self.sums = new if self.sums is None else torch.cat([self.sums, new], dim=-1)
+        return new, self.sums
 
 
 class SinkCache:

@@ -11,13 +11,18 @@ hook          what it does                                            encodings
 (none)        nothing                                                 nope
 ============  =====================================================  ====================================
 
+Two encodings read the tokens themselves (``reads_tokens``), each through a hook of its own: ``decay`` (FoX's
+forget gates, read from the layer's input: ``sum_{l=j+1}^{i} log f_l`` added to each logit) and ``token_bias``
+(CoPE's bias, computed from the queries and keys); every layer of a model has its own parameters
+(:meth:`Encoding.for_layer`).
+
 The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
 builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
-``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE) and ``scaled`` (SSMax, whose factor
-``s log n`` multiplies the queries), and are documented here.
+``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
+``s log n`` multiplies the queries), ``forgetting`` (FoX) and ``contextual`` (CoPE), and are documented here.
 """
 
 from __future__ import annotations
@@ -28,17 +33,19 @@ from .. import bias
 from ..errors import PosencError, unknown_name
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
+from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
+from .forgetting import FoX, FoXLayer
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "FoPE", "Kerple", "Learned", "NoPE", "PRoPE",
-    "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers",
-    "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "make_encoding", "position_span",
-    "strategies_of",
+    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE", "FoX", "FoXLayer",
+    "Kerple", "Learned", "NoPE", "PRoPE", "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500",
+    "RoPEBase500k", "RoPENoPELayers", "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos",
+    "make_encoding", "position_span", "strategies_of",
 ]
 
 
@@ -46,7 +53,7 @@ __all__ = [
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
-                              RandomizedLearned, SSMax, SSMaxRoPE, FoPE)
+                              RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE)
 }
 
 
@@ -61,12 +68,14 @@ PRIMARY: tuple[str, ...] = tuple(name for name, cls in ENCODINGS.items() if cls.
 
 
 def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | None = None,
-                  head_dim: int | None = None, train_len: int | None = None, **options) -> Encoding:
+                  head_dim: int | None = None, train_len: int | None = None, n_layer: int | None = None,
+                  **options) -> Encoding:
     """Build encoding ``name`` from the shape of the model it goes into.
 
     Each encoding takes only what it uses (its class's ``shape``): RoPE and xPos the head dimension (``head_dim``,
     or ``d_model / num_heads``) and RoPE the training length, the biases the number of heads (FIRE the training
-    length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows). ``options`` go to the
+    length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows), FoX and CoPE the number
+    of layers ``n_layer`` (each layer has its own gates or embeddings; default one). ``options`` go to the
     encoding's constructor (``scaling="yarn", factor=4.0`` for RoPE, ``bidirectional=True`` for T5, ...).
     """
     if name not in ENCODINGS:
@@ -78,7 +87,8 @@ def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | Non
         if d_model % num_heads:
             raise PosencError(f"d_model {d_model} is not divisible by the number of heads {num_heads}")
         head_dim = d_model // num_heads
-    known = {"d_model": d_model, "num_heads": num_heads, "head_dim": head_dim, "train_len": train_len}
+    known = {"d_model": d_model, "num_heads": num_heads, "head_dim": head_dim, "train_len": train_len,
+             "n_layer": n_layer}
     kwargs = {arg: known[quantity] for arg, quantity in cls.shape.items() if known[quantity] is not None}
     missing = [quantity for arg, quantity in cls.shape.items() if arg not in kwargs and _required(cls, arg)]
     if missing:

@@ -1,4 +1,5 @@
-"""The base of every encoding: the three hooks (each "do nothing" by default, which is NoPE) and the
+"""The base of every encoding: the three hooks (each "do nothing" by default, which is NoPE), the two hooks of
+the encodings that read the tokens themselves (a layer's decays, a bias from the queries and keys), and the
 tables one forward pass shares among its layers."""
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Encoding(nn.Module):
     #: for a variant of another encoding (a different recipe of the same idea), that encoding's name
     variant_of: str | None = None
     #: what :func:`make_encoding` hands the constructor from the model's shape: ``{argument: quantity}``, the
-    #: quantities being ``d_model``, ``num_heads``, ``head_dim`` and ``train_len``
+    #: quantities being ``d_model``, ``num_heads``, ``head_dim``, ``train_len`` and ``n_layer``
     shape: dict[str, str] = {}
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -136,6 +137,11 @@ class Encoding(nn.Module):
         """Whether the encoding enters through the ``bias`` hook."""
         return self.hook == "bias"
 
+    @property
+    def has_decay(self) -> bool:
+        """Whether the encoding enters through the ``decay`` hook (its forget gates read the layer's input)."""
+        return self.hook == "decay"
+
     #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
     cacheable = True
 
@@ -164,6 +170,24 @@ class Encoding(nn.Module):
     def distance_only_at(self, q_pos: torch.Tensor) -> bool:
         """Whether, for these query positions, the bias depends on the distance alone."""
         return self.distance_only
+
+    #: whether the attention logits read the tokens themselves, not their positions alone: a decay computed from
+    #: the layer's input (:meth:`decay`) or a bias computed from the queries and keys (:meth:`token_bias`)
+    reads_tokens = False
+
+    def decay(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The log forget values ``log f_t <= 0`` (``b h n``) of the layer's input ``x`` (``b n d_model``), or None.
+
+        :func:`~posenc_lab.backends.attention` adds ``sum_{l=j+1}^{i} log f_l = c_i - c_j`` (``c`` the running
+        sum of ``log f``) to the logit of query ``i`` and key ``j``: a data-dependent decay (FoX). None, every
+        encoding but a decay-gated one: no decay."""
+        return None
+
+    def token_bias(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        """A bias ``b h i j`` computed from the queries ``q`` (``b h i d``) and keys ``k`` (``b h j d``) themselves, or
+        None; ``hidden`` (``i j``, True where query ``i`` does not see key ``j``) marks the keys it must leave out
+        (CoPE counts only the keys a query sees)."""
+        return None
 
     def extra_repr(self) -> str:
         return f"hook={self.hook}"

@@ -1,0 +1,138 @@
+"""Attention whose logits read the tokens themselves, on every backend: a decay computed from the layer's input
+(FoX's forget gates) and a bias computed from the queries and keys (CoPE).
+
+For query row ``i`` and key row ``j`` of head ``h``, the logit is
+
+    q_i . k_j / sqrt(d)  +  b_h(m_i, n_j)  +  (c_i - c_j)  +  t_ij ,
+
+with ``b`` the encoding's position bias (if it has one), ``c`` the running sums of the log forget values handed to
+:func:`~posenc_lab.backends.attention` (``decay``; :func:`~posenc_lab.encodings.forgetting.decay_bias`) and ``t``
+the encoding's :meth:`~posenc_lab.encodings.Encoding.token_bias`; the keys a query does not see (after it, or out of
+``reach``) are ``-inf``. These terms differ from one batch row to the next, so every mask is ``b h i j``. Backends:
+
+* ``reference``: the logits above written out in float64 (the sums, the bias and the gates too).
+* ``sdpa``: blocks of ``BLOCK`` queries, each with the keys it can see and its ``b h i j`` mask built as it is used
+  (a layer's decays are its own: nothing to share among layers); on the CPU under gradients, the explicit softmax
+  in blocks of ``GRAD_BLOCK`` queries (SDPA has no CPU kernel with a mask gradient), as the learned biases train.
+* ``flex``: a ``score_mod`` adding ``c[b, h, i] - c[b, h, j]`` from the captured sums (no ``n x n`` tensor for the
+  decay) and the token bias materialised once and gathered pair by pair.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from einops import einsum
+
+from ..encodings import Encoding
+from ..encodings.forgetting import decay_bias
+from . import kernels, masks
+from .masks import _query_blocks, future_mask, out_of_reach
+
+
+def _hidden(q_pos, k_pos, nq: int, nk: int, causal: bool, reach, offset: int, device) -> torch.Tensor:
+    """``True`` (``i j``) where query row ``i`` does not see key row ``j``: after it (when causal), or ``reach`` or more
+    positions away."""
+    hidden = future_mask(nq, nk, device, offset) if causal else torch.zeros(nq, nk, dtype=torch.bool, device=device)
+    return hidden if reach is None else hidden | out_of_reach(q_pos, k_pos, reach, causal)
+
+
+def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool, reach=None,
+               offset: int | None = None) -> torch.Tensor:
+    """The additive mask ``b h i j`` (``q``'s dtype) of queries ``q`` (``b h i d``) against keys ``k`` (``b h j d``):
+    the encoding's position bias, the decay ``c_i - c_j`` (``c_q``: ``b h i``, ``c_k``: ``b h j``; None without), the
+    encoding's token bias, and ``-inf`` on the keys each query does not see (``offset``: query row ``r`` sits at key
+    row ``r + offset``, default ``n_k - n_q``)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    offset = nk - nq if offset is None else offset
+    hidden = _hidden(q_pos, k_pos, nq, nk, causal, reach, offset, q.device)
+    mask = q.new_zeros(1, 1, nq, nk)
+    if encoding.has_bias:
+        mask = mask + encoding.bias(q_pos, k_pos).to(q.dtype)  # h i j
+    if c_q is not None:
+        mask = mask + decay_bias(c_q, c_k).to(q.dtype)
+    extra = encoding.token_bias(q, k, hidden)
+    if extra is not None:
+        mask = mask + extra.to(q.dtype)
+    return mask.masked_fill(hidden, float("-inf"))
+
+
+def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
+    """``softmax(q k^T / sqrt(d) + mask) v`` (:func:`token_mask`) with every term in float64."""
+    q64, k64 = q.double(), k.double()
+    c_q, c_k = (None, None) if c_q is None else (c_q.double(), c_k.double())
+    scores = einsum(q64, k64, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+    scores = scores + token_mask(encoding, q64, k64, c_q, c_k, q_pos, k_pos, causal=causal, reach=reach)
+    return einsum(scores.softmax(dim=-1), v.double(), "b h i j, b h j d -> b h i d").to(v.dtype)
+
+
+def _explicit(encoding, q, k, v, c_q) -> bool:
+    """Whether the mask needs its gradient on the CPU (the explicit softmax then)."""
+    inputs = [t for t in (q, k, v, c_q) if t is not None]
+    return q.device.type == "cpu" and torch.is_grad_enabled() and (
+        encoding.needs_grad() or any(t.requires_grad for t in inputs))
+
+
+def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
+    """SDPA with the :func:`token_mask` of each block of queries, each block with the keys it can see."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    explicit = _explicit(encoding, q, k, v, c_q)
+    outputs = []
+    for start, stop, keys in _query_blocks(nq, nk, causal, kernels.GRAD_BLOCK if explicit else kernels.BLOCK):
+        rows, cols = slice(start, stop), slice(0, keys)
+        qb, kb, vb = q[:, :, rows], k[:, :, cols], v[:, :, cols]
+        mask = token_mask(encoding, qb, kb, None if c_q is None else c_q[..., rows],
+                          None if c_k is None else c_k[..., cols], q_pos[..., rows], k_pos[..., cols],
+                          causal=causal, reach=reach, offset=nk - nq + start)
+        if explicit:
+            outputs.append(kernels._softmax_attention(qb, kb, vb, mask))
+        else:
+            outputs.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k):
+    """The logits' extra terms as a FlexAttention ``score_mod``: the encoding's position bias (its own
+    :func:`~posenc_lab.backends.masks.score_mod`), the decay read from the captured sums, the token bias gathered."""
+    base = masks.score_mod(encoding, q_pos, k_pos) if encoding.has_bias else None
+    hidden = _hidden(q_pos, k_pos, q.shape[-2], k.shape[-2], causal, reach, k.shape[-2] - q.shape[-2], q.device)
+    extra = encoding.token_bias(q, k, hidden)  # b h i j, or None
+
+    def tokens(score, b, h, q_idx, kv_idx):
+        if base is not None:
+            score = base(score, b, h, q_idx, kv_idx)
+        if c_q is not None:
+            score = score + (c_q[b, h, q_idx] - c_k[b, h, kv_idx])
+        if extra is not None:
+            score = score + extra[b, h, q_idx, kv_idx]
+        return score
+
+    return tokens
+
+
+def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
+    """FlexAttention with :func:`token_score_mod` and the causal (or within-reach) block mask; on CUDA, compiled, with
+    :func:`sdpa` as the fallback when no kernel compiles."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    if reach is not None:
+        block_mask = kernels._reach_block_mask(q_pos, k_pos, causal, reach)
+    else:
+        block_mask = kernels._causal_block_mask(nq, nk, str(q.device)) if causal else None
+    mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k)
+    fn = kernels._flex_fn(q.device.type)
+    if q.device.type != "cuda":
+        with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return fn(q, k, v, score_mod=mod, block_mask=block_mask)
+    return kernels.first_kernel_that_compiles(
+        f"{encoding.name}+tokens@{q.device}",
+        lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
+        lambda: sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, c_q, c_k),
+    )
+
+
+#: the backends of logits that read the tokens, by name (``auto`` is ``sdpa``)
+TOKEN_BACKENDS = {"reference": reference, "sdpa": sdpa, "flex": flex}
