@@ -16,7 +16,8 @@ as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a Flex
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
 builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
-``embedded``, ``rotary``, ``biases`` and ``randomized``, and are documented here.
+``embedded``, ``rotary``, ``biases`` and ``randomized``, and the local/global layer mixes of 2025's models in
+``mixes`` (whose local layers carry their own ``window`` or ``chunk``); all are documented here.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ from ..errors import PosencError, unknown_name
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
+from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "Kerple", "Learned", "NoPE", "PRoPE",
-    "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers",
-    "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "make_encoding", "position_span", "strategies_of",
+    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "Encoding", "Fire", "Gemma3Layers", "IRoPE", "Kerple", "Learned",
+    "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE", "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE",
+    "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos",
+    "attn_temperature", "make_encoding", "position_span", "strategies_of",
 ]
 
 
@@ -42,7 +45,7 @@ __all__ = [
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
-                              RandomizedLearned)
+                              RandomizedLearned, NoPETemperature, IRoPE, Gemma3Layers, RNoPESWA)
 }
 
 
