@@ -6,8 +6,9 @@ The core needs torch and einops only. Its public names:
 * the encodings: ``NoPE``, ``Sinusoidal``, ``SinusoidalSmall``, ``Learned``, ``RoPE``, ``PartialRoPE``, ``PRoPE``,
   ``RoPEBase500``, ``RoPEBase500k``, ``RoPENoPELayers``, ``RandomizedRoPE``, ``RandomizedLearned``, ``XPos``,
   ``ALiBi``, ``T5``, ``Kerple``, ``Fire``, ``FoPE``, ``SSMax``, ``SSMaxRoPE`` (each an ``Encoding`` with the hooks
-  ``embed``, ``rotate``, ``bias``), and two that read the tokens: ``FoX`` (forget gates on the layer's input, the
-  ``decay`` hook) and ``CoPE`` (contextual positions from the queries and keys, the ``token_bias`` hook);
+  ``embed``, ``rotate``, ``bias``), two that read the tokens: ``FoX`` (forget gates on the layer's input, the
+  ``decay`` hook) and ``CoPE`` (contextual positions from the queries and keys, the ``token_bias`` hook), and the
+  local/global layer mixes ``Gemma3Layers``, ``IRoPE``, ``RNoPESWA`` with Llama 4's ``NoPETemperature``;
 * attention: ``attention(q, k, v, encoding)`` over the ``BACKENDS``, grouped-query included; ``KVCache`` and
   ``SinkCache`` for decoding; ``bias_tensor(encoding, positions)``, the ``h n n`` bias to add to your own scores;
 * RoPE as functions: ``apply_rope``, ``inv_freq``, ``scaled_inv_freq`` and its registry ``ROPE_SCALINGS`` (``pi``,
@@ -21,18 +22,20 @@ The experiment (``train``, ``evaluate``, ``experiment``, ``retrieval``, ``contex
 
 from . import absolute, bias, rope
 from .backends import BACKENDS, KVCache, SinkCache, attention, bias_tensor, repeat_kv
-from .encodings import (ENCODINGS, ALiBi, CoPE, Encoding, Fire, FoPE, FoX, Kerple, Learned, NoPE, PartialRoPE, PRoPE,
-                        RandomizedLearned, RandomizedRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, Sinusoidal,
-                        SinusoidalSmall, SSMax, SSMaxRoPE, T5, XPos, make_encoding)
+from .encodings import (ENCODINGS, ALiBi, CoPE, Encoding, Fire, FoPE, FoX, Gemma3Layers, IRoPE, Kerple, Learned, NoPE,
+                        NoPETemperature, PartialRoPE, PRoPE, RandomizedLearned, RandomizedRoPE, RNoPESWA, RoPE,
+                        RoPEBase500, RoPEBase500k, RoPENoPELayers, Sinusoidal, SinusoidalSmall, SSMax, SSMaxRoPE, T5, XPos,
+                        make_encoding)
 from .errors import PosencError, PositionOutOfRange, TrainingDiverged
 from .rope import ROPE_SCALINGS, apply_rope, inv_freq, ntk_base, scaled_inv_freq, yarn_attention_factor
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ALiBi", "BACKENDS", "CoPE", "ENCODINGS", "Encoding", "Fire", "FoPE", "FoX", "KVCache", "Kerple", "Learned", "NoPE",
-    "PRoPE", "PartialRoPE", "PosencError", "PositionOutOfRange", "ROPE_SCALINGS", "RandomizedLearned", "RandomizedRoPE",
-    "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall",
-    "SinkCache", "T5", "TrainingDiverged", "XPos", "absolute", "apply_rope", "attention", "bias", "bias_tensor",
-    "inv_freq", "make_encoding", "ntk_base", "repeat_kv", "rope", "scaled_inv_freq", "yarn_attention_factor",
+    "ALiBi", "BACKENDS", "CoPE", "ENCODINGS", "Encoding", "Fire", "FoPE", "FoX", "Gemma3Layers", "IRoPE", "KVCache",
+    "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE", "PosencError", "PositionOutOfRange",
+    "RNoPESWA", "ROPE_SCALINGS", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k",
+    "RoPENoPELayers", "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "SinkCache", "T5", "TrainingDiverged",
+    "XPos", "absolute", "apply_rope", "attention", "bias", "bias_tensor", "inv_freq", "make_encoding", "ntk_base",
+    "repeat_kv", "rope", "scaled_inv_freq", "yarn_attention_factor",
 ]

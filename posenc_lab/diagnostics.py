@@ -2,9 +2,9 @@
 
 Pure functions over a model and a batch of tokens (the chapters draw them with :mod:`plots`). The
 attention weights are recomputed explicitly from each layer's input, with the encoding's own
-rotation and bias (and the terms of an encoding that reads the tokens: FoX's decay, CoPE's bias)
-and the causal mask, ``softmax(q k^T / sqrt(d) + b)``: the formula every
-backend is tested against, written out because the fast backends never form the weights.
+rotation and bias (and the terms of an encoding that reads the tokens: FoX's decay, CoPE's bias), the causal mask
+and a local layer's window or chunk, ``softmax(q k^T / sqrt(d) + b)``: the formula every backend is tested against,
+written out because the fast backends never form the weights.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import torch
 from einops import einsum, rearrange
 
-from .backends import future_mask
+from .backends import future_mask, other_chunk, out_of_reach
 from .backends.tokens import token_mask
 from .encodings.forgetting import forget_sums
 
@@ -34,8 +34,9 @@ def _layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 def attention_logits(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys at ``-inf``, as the
-    model computes them in evaluation mode (the mode is restored afterwards)."""
+    """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys (and those outside a
+    local layer's window or chunk) at ``-inf``, as the model computes them in evaluation mode (the mode is restored
+    afterwards)."""
     was_training = model.training
     model.eval()
     try:
@@ -61,8 +62,18 @@ def _attention_logits(model, idx):
                 sums = None if encoding.decay(x) is None else forget_sums(encoding.decay(x))
                 scores = scores + token_mask(encoding, q.float(), k.float(), sums, sums, positions, positions,
                                              causal=True)
-            out.append(scores.masked_fill(future_mask(len(positions), len(positions), idx.device), float("-inf")))
+            out.append(scores.masked_fill(_unseen(encoding, positions), float("-inf")))
     return out
+
+
+def _unseen(encoding, positions: torch.Tensor) -> torch.Tensor:
+    """``True`` (``n x n``) on the keys a query of the layer does not see: after it, or outside its window or chunk."""
+    unseen = future_mask(len(positions), len(positions), positions.device)
+    if encoding.window is not None:
+        unseen = unseen | out_of_reach(positions, positions, encoding.window, True)
+    if encoding.chunk is not None:
+        unseen = unseen | other_chunk(positions, positions, encoding.chunk)
+    return unseen
 
 
 def attention_weights(model, idx: torch.Tensor) -> list[torch.Tensor]:

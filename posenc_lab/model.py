@@ -139,7 +139,8 @@ class GPT(nn.Module):
         tokens after those already cached: their positions continue from the cache, and the caches grow.
         ``reach=W``: every layer attends only to the keys less than ``W`` positions back (a sliding-window
         mask, :func:`attention`); run at ``W = train_len``, the model never looks further back than it was
-        trained to.
+        trained to. A layer whose encoding (``encoding.for_layer``) has its own ``window`` or ``chunk`` keeps it:
+        the smaller window wins, and a chunk and ``reach`` both apply.
         """
         if idx.dim() != 2:
             raise PosencError(f"token ids must be 2-d (batch, positions), got shape {tuple(idx.shape)}")

@@ -137,9 +137,9 @@ def test_yarn_model_path_applies_the_factor_once():
 
     original = backends._sdpa
 
-    def spy(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
+    def spy(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
         seen.append((q.norm() * k.norm()).item())
-        return original(q, k, v, encoding, q_pos, k_pos, causal, reach, tables)
+        return original(q, k, v, encoding, q_pos, k_pos, causal, reach, tables, chunk)
 
     backends._BACKEND_FNS["sdpa"] = spy
     try:

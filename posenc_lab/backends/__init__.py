@@ -28,8 +28,13 @@ of the keys, as with a key/value cache). ``reach=W`` restricts every query furth
 than ``W`` positions away (``i - j < W``; ``|i - j| < W`` when not causal): a sliding-window mask, as
 in Longformer or Mistral, which every backend applies (the ``sdpa`` backend gives each block of
 queries only the keys it can reach). A model trained at length ``L`` and run with ``reach=L`` never
-looks further back than it was trained to: the baseline that using longer context must beat. Non-causal attention is defined for every encoding except
-FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with :class:`PosencError`.
+looks further back than it was trained to: the baseline that using longer context must beat. ``chunk=C`` keeps only
+the keys of the query's own chunk of ``C`` positions (``floor(i / C) == floor(j / C)``, Llama 4's chunked
+attention): ``reference`` and ``flex`` mask the other chunks, ``sdpa`` attends chunk by chunk. A local layer of a
+mix carries its own ``window`` or ``chunk`` on its encoding, which applies as ``reach`` and ``chunk`` do; with
+``reach`` too the smaller window wins (:func:`~posenc_lab.backends.chunks.layer_span`). Non-causal attention is
+defined for every encoding except FIRE, xPos and the one-directional (decoder) T5 bias, which refuse it with
+:class:`PosencError`.
 
 Logits that read the tokens themselves go through the same three backends in :mod:`~posenc_lab.backends.tokens`,
 with ``b h i j`` masks: CoPE's bias from the queries and keys, and a decay, ``decay=``, the log forget values
@@ -39,7 +44,7 @@ input (FoX), whose sums ``sum_{l=j+1}^{i} log f_l`` are added to the logits (cau
 
 The package holds :func:`attention` and its checks; the backends in :mod:`~posenc_lab.backends.kernels`, the
 masks and the bias in the forms they consume in :mod:`~posenc_lab.backends.masks`, the key/value caches in
-:mod:`~posenc_lab.backends.cache`.
+:mod:`~posenc_lab.backends.cache`, a layer's span and attention within chunks in :mod:`~posenc_lab.backends.chunks`.
 """
 
 from __future__ import annotations
@@ -50,14 +55,15 @@ from ..encodings import Encoding, NoPE, Tables
 from ..encodings.forgetting import forget_sums
 from ..errors import PosencError, check_positions, unknown_name
 from .cache import KVCache, SinkCache
+from .chunks import layer_span
 from .kernels import (BACKENDS, BLOCK, GRAD_BLOCK, MASK_BUDGET, _BACKEND_FNS, _reference, choose_backend,
                       first_kernel_that_compiles, flex_available, repeat_kv)
-from .masks import bias_block, bias_mask, bias_tensor, future_mask, out_of_reach, score_mod, toeplitz
+from .masks import bias_block, bias_mask, bias_tensor, future_mask, other_chunk, out_of_reach, score_mod, toeplitz
 from .tokens import TOKEN_BACKENDS
 
 __all__ = ["BACKENDS", "BLOCK", "GRAD_BLOCK", "MASK_BUDGET", "KVCache", "SinkCache", "attention", "bias_block",
            "bias_mask", "bias_tensor", "choose_backend", "first_kernel_that_compiles", "flex_available",
-           "future_mask", "out_of_reach", "repeat_kv", "score_mod", "toeplitz", "_reference"]
+           "future_mask", "other_chunk", "out_of_reach", "repeat_kv", "score_mod", "toeplitz", "_reference"]
 
 _NOPE = NoPE()
 
@@ -99,65 +105,57 @@ def attention(
     reach: int | None = None,
     tables: Tables | None = None,
     decay: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
-    ``k`` and ``v`` may have ``h_kv`` heads for any ``h_kv`` dividing ``h`` (grouped-query attention; ``h_kv = 1``
-    is multi-query): query head ``i`` attends with key head ``i // (h / h_kv)`` (:func:`repeat_kv`), and a
-    :class:`KVCache` stores the ``h_kv`` heads only. Half-precision inputs give an output of their dtype.
+    ``k, v`` may have ``h_kv`` heads dividing ``h`` (grouped-query attention, :func:`repeat_kv`). ``positions``: the
+    tokens' absolute positions, ``n`` (default ``0 .. n-1``) or ``b n`` (Hugging Face's ``position_ids``: the same as
+    attending row by row). ``tables``: the encoding's :meth:`~posenc_lab.encodings.Encoding.tables` at this very
+    ``positions`` tensor, built once per forward pass for every layer. ``causal=False`` attends both ways (FIRE, xPos,
+    the one-directional T5 bias and the encodings that read the tokens refuse it).
 
-    ``positions`` (``n`` integers, default ``0 .. n-1``) are the absolute positions of the tokens.
-    Positions ``b n`` (Hugging Face's ``position_ids``) give each batch row its own: the same result as
-    attending row by row. ``tables``: the encoding's :meth:`~posenc_lab.encodings.Encoding.tables` at this
-    very ``positions`` tensor, which a model builds once per forward pass and hands to every layer (its
-    rotation tables, and the bias mask the first layer builds for the others); without them, everything
-    is computed here.
-    ``causal=False`` attends to keys on both sides (``|i - j|`` for ALiBi and KERPLE, the
-    bidirectional buckets for a T5 bias built with ``bidirectional=True``); FIRE and the
-    one-directional T5 bias have no non-causal form and refuse it.
-
-    With a :class:`KVCache`, ``q, k, v`` are the *new* tokens (default positions: continuing the
-    cache): their keys and values are appended, and the new queries attend to every cached key
-    (causally: each to the keys up to its own position), through the same backends.
-
-    ``reach=W`` (a positive integer) lets each query attend only to the keys less than ``W`` positions
-    away (a sliding-window mask; ``None``: every key). With a :class:`SinkCache` the positions are the
-    cache's slots (``positions`` and ``tables`` are ignored) and every key is rotated anew at each step.
-
-    ``decay``: the new tokens' log forget values ``b h n`` (FoX's): logit ``(i, j)`` gets ``sum_{l=j+1}^{i} log f_l``.
+    ``cache``: with a :class:`KVCache` ``q, k, v`` are the *new* tokens, appended, each query attending to the cached
+    keys up to its own position; a :class:`SinkCache` takes its slots as positions and rotates every key anew.
+    ``reach=W`` keeps the keys less than ``W`` positions back (a sliding window), ``chunk=C`` those in the query's
+    chunk of ``C`` positions, as an encoding's own ``window`` and ``chunk`` do
+    (:func:`~posenc_lab.backends.chunks.layer_span`). ``decay``: the tokens' log forget values ``b h n`` (FoX's):
+    logit ``(i, j)`` gets ``sum_{l=j+1}^{i} log f_l``.
     """
-    _check_options(backend, reach)
     encoding = _NOPE if encoding is None else encoding
+    reach, chunk = _check_options(backend, reach, encoding, chunk)
     if decay is not None or encoding.reads_tokens:  # FoX's decays, CoPE's gates: logits that read the tokens
+        if chunk is not None:
+            raise PosencError(f"encoding {encoding.name!r} reads the tokens: attention within chunks is not available to it")
         return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay)
     if isinstance(cache, SinkCache):
-        return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach)
+        return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach, chunk)
     if tables is not None and not tables.serves(encoding, positions):
         raise PosencError("tables serve the encoding and the positions tensor they were built for "
                           "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
     if cache is not None:
-        return _attend_cache(q, k, v, encoding, backend, causal, positions, cache, reach, tables)
+        return _attend_cache(q, k, v, encoding, backend, causal, positions, cache, reach, tables, chunk)
     positions = _check_inputs(q, k, v, positions)
-    if positions.dim() == 2 and (encoding.has_bias or reach is not None):
-        # a bias or a window read the positions of every pair: one row at a time, each with its own table
+    if positions.dim() == 2 and (encoding.has_bias or reach is not None or chunk is not None):
+        # a bias, a window or chunks read the positions of every pair: one row at a time, each with its own table
         return torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend=backend, causal=causal,
-                                    positions=positions[i], reach=reach) for i in range(q.shape[0])])
+                                    positions=positions[i], reach=reach, chunk=chunk) for i in range(q.shape[0])])
     if not causal and not encoding.noncausal:
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form{encoding.noncausal_hint}: use causal=True")
-    if backend == "auto":
-        backend = choose_backend(encoding, q.device)
+    backend = choose_backend(encoding, q.device) if backend == "auto" else backend
     _check_flex(backend, q.device)
     q, k = encoding.rotate(q, k, positions, tables)
-    heads = q.shape[1]
-    return _BACKEND_FNS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions, causal,
-                                 reach, tables)
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+    return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal, reach, tables, chunk=chunk)
 
 
-def _check_options(backend: str, reach) -> None:
+def _check_options(backend: str, reach, encoding: Encoding, chunk) -> tuple[int | None, int | None]:
+    """Check the options; return the ``(reach, chunk)`` the call applies (:func:`.chunks.layer_span`)."""
     if backend not in BACKENDS:
         raise unknown_name("attention backend", backend, BACKENDS)
     if reach is not None and (isinstance(reach, bool) or not isinstance(reach, int) or reach < 1):
         raise PosencError(f"reach must be a positive integer (the keys a query may attend to), got {reach!r}")
+    return layer_span(encoding, reach, chunk)
 
 
 def _check_flex(backend: str, device: torch.device) -> None:
@@ -171,9 +169,12 @@ def _check_batch(cache, k: torch.Tensor, hint: str = "") -> None:
                           f"batch of {k.shape[0]}: use a new cache{hint} for another batch")
 
 
-def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, reach):
+def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, reach, chunk=None):
     """:func:`attention` with a :class:`SinkCache`: every cached key rotated anew at its slot."""
     _check_inputs(q, k, v, None)
+    if chunk is not None:
+        raise PosencError("a sink cache renumbers the positions as its slots, where chunks of positions have no "
+                          "meaning: attend within chunks with a KVCache (or none)")
     if not causal:
         raise PosencError("a sink cache serves causal attention only")
     if not encoding.cacheable:
@@ -192,7 +193,7 @@ def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, rea
                                  causal, reach)
 
 
-def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables):
+def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables, chunk=None):
     """:func:`attention` with a :class:`KVCache`: the new keys rotated once, as they enter the cache."""
     if positions is None:
         positions = cache.next_positions(q.shape[-2], q.device)
@@ -215,7 +216,7 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     heads = q.shape[1]
     return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
-                                 causal, reach, tables)
+                                 causal, reach, tables, chunk=chunk)
 
 
 def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay):

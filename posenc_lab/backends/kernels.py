@@ -14,7 +14,8 @@ from einops import einsum, repeat
 
 from ..encodings import Encoding
 from . import masks
-from .masks import _block_masks, _is_range, _query_blocks, future_mask, out_of_reach, score_mod
+from .chunks import sdpa_in_chunks
+from .masks import _block_masks, _is_range, _query_blocks, future_mask, other_chunk, out_of_reach, score_mod
 
 BACKENDS = ("auto", "reference", "sdpa", "flex")
 #: queries per block of the ``sdpa`` backend's causal attention with a bias
@@ -68,7 +69,7 @@ def choose_backend(encoding: Encoding, device: torch.device) -> str:
     return "flex"
 
 
-def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
+def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = einsum(q.double(), k.double(), "b h i d, b h j d -> b h i j") * scale
     b = encoding.bias(q_pos, k_pos)
@@ -78,6 +79,8 @@ def _reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None)
         scores = scores.masked_fill(future_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
     if reach is not None:
         scores = scores.masked_fill(out_of_reach(q_pos, k_pos, reach, causal), float("-inf"))
+    if chunk is not None:
+        scores = scores.masked_fill(other_chunk(q_pos, k_pos, chunk), float("-inf"))
     weights = scores.softmax(dim=-1)
     return einsum(weights, v.double(), "b h i j, b h j d -> b h i d").to(v.dtype)
 
@@ -87,7 +90,9 @@ def _mask_bytes(encoding, q, k) -> int:
     return heads * q.shape[-2] * k.shape[-2] * q.element_size()
 
 
-def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
+def _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
+    if chunk is not None:
+        return sdpa_in_chunks(_sdpa, q, k, v, encoding, q_pos, k_pos, causal, reach, chunk)
     if reach is not None:
         return _sdpa_within_reach(q, k, v, encoding, q_pos, k_pos, causal, reach)
     nq, nk = q.shape[-2], k.shape[-2]
@@ -177,26 +182,31 @@ _flex_options_that_work: dict[str, dict | None] = {}
 _flex_failed: set[str] = set()
 
 
-def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach: int):
-    """FlexAttention's block mask of the keys within ``reach`` positions (and not after the query, when causal)."""
+def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach: int | None,
+                      chunk: int | None = None):
+    """FlexAttention's block mask of the keys within ``reach`` positions (every key when None) and in the query's
+    own chunk of ``chunk`` positions (when given), and not after the query, when causal."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     nq, nk = q_pos.shape[-1], k_pos.shape[-1]
     offset = nk - nq
 
     def within(b, h, q_idx, kv_idx):
-        distance = q_pos[q_idx] - k_pos[kv_idx]
-        if causal:
-            return (distance < reach) & (q_idx + offset >= kv_idx)
-        return distance.abs() < reach
+        i, j = q_pos[q_idx], k_pos[kv_idx]
+        keep = q_idx + offset >= kv_idx if causal else kv_idx >= 0  # non-causal: every key
+        if reach is not None:
+            keep = keep & ((i - j < reach) if causal else ((i - j).abs() < reach))
+        if chunk is not None:
+            keep = keep & (i // chunk == j // chunk)
+        return keep
 
     return create_block_mask(within, None, None, nq, nk, device=str(q_pos.device))
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
+def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
     nq, nk = q.shape[-2], k.shape[-2]
-    if reach is not None:
-        block_mask = _reach_block_mask(q_pos, k_pos, causal, reach)
+    if reach is not None or chunk is not None:
+        block_mask = _reach_block_mask(q_pos, k_pos, causal, reach, chunk)
     else:
         block_mask = _causal_block_mask(nq, nk, str(q.device)) if causal else None
     mod = score_mod(encoding, q_pos, k_pos)
@@ -214,7 +224,7 @@ def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None):
     return first_kernel_that_compiles(
         key,
         lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
-        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, tables),
+        lambda: _sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, tables, chunk),
     )
 
 

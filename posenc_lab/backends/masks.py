@@ -119,6 +119,15 @@ def out_of_reach(q_pos: torch.Tensor, k_pos: torch.Tensor, reach: int, causal: b
     distance = rearrange(q_pos, "i -> i 1") - rearrange(k_pos, "j -> 1 j")
     return distance >= reach if causal else distance.abs() >= reach
 
+
+def other_chunk(q_pos: torch.Tensor, k_pos: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``True`` (``n_q x n_k``) where key position ``j`` lies in another chunk of ``chunk`` positions than query
+    position ``i``: ``floor(i / C) != floor(j / C)`` (Llama 4's chunked attention)."""
+    def chunk_of(p):
+        return torch.div(p, chunk, rounding_mode="floor")
+
+    return rearrange(chunk_of(q_pos), "i -> i 1") != rearrange(chunk_of(k_pos), "j -> 1 j")
+
 def _block_masks(encoding, q_pos, k_pos, causal, dtype, size, tables):
     """The blocks of ``size`` queries, ``(start, stop, keys)``, and the mask of each (:func:`bias_block`, with only
     the keys the block can see when causal: about half the causal square). With a forward pass's ``tables``,

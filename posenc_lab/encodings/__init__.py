@@ -22,7 +22,8 @@ as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a Flex
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
 builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
 ``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
-``s log n`` multiplies the queries), ``forgetting`` (FoX) and ``contextual`` (CoPE), and are documented here.
+``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), and the local/global layer mixes
+of 2025's models in ``mixes`` (whose local layers carry their own ``window`` or ``chunk``); all are documented here.
 """
 
 from __future__ import annotations
@@ -37,15 +38,17 @@ from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
 from .forgetting import FoX, FoXLayer
+from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
 
 __all__ = [
     "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE", "FoX", "FoXLayer",
-    "Kerple", "Learned", "NoPE", "PRoPE", "PartialRoPE", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500",
-    "RoPEBase500k", "RoPENoPELayers", "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos",
-    "make_encoding", "position_span", "strategies_of",
+    "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE", "RNoPESWA",
+    "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax", "SSMaxRoPE",
+    "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding", "position_span",
+    "strategies_of",
 ]
 
 
@@ -53,7 +56,8 @@ __all__ = [
 ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
-                              RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE)
+                              RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE, NoPETemperature, IRoPE,
+                              Gemma3Layers, RNoPESWA)
 }
 
 

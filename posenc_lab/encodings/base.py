@@ -71,6 +71,11 @@ class Encoding(nn.Module):
     #: what :func:`make_encoding` hands the constructor from the model's shape: ``{argument: quantity}``, the
     #: quantities being ``d_model``, ``num_heads``, ``head_dim``, ``train_len`` and ``n_layer``
     shape: dict[str, str] = {}
+    #: the keys a query of this layer may attend to besides causality (a local layer of a mix, :mod:`.mixes`):
+    #: ``window = W`` keeps the keys less than ``W`` positions away (a sliding window), ``chunk = C`` those of the
+    #: query's own chunk of ``C`` positions (``floor(i / C) == floor(j / C)``); None: every key
+    window: int | None = None
+    chunk: int | None = None
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` is ``b n d_model``; returns the embeddings with position information added."""
