@@ -16,7 +16,7 @@ require("lab", "posenc_lab.parts")
 
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass, replace
 
-from .errors import PosencError, check_positive
+from .errors import PosencError, check_positive, unknown_name
 from .model import GPTConfig
 from .train import TrainConfig
 
@@ -114,8 +114,13 @@ class Composed:
 
     def override(self, **flat):
         """This spec with the values of ``flat`` that are not ``None``, each in the part that holds its name
-        (``steps`` in ``training``, ``eval_lengths`` in ``evaluation``, ...); a part given whole replaces it."""
+        (``steps`` in ``training``, ``eval_lengths`` in ``evaluation``, ...); a part given whole replaces it. A name
+        that is neither is an error that lists the valid ones."""
         flat = {k: v for k, v in flat.items() if v is not None}
+        own = {f.name for f in fields(self)}
+        for name in flat:
+            if name not in own and name not in self.flat_names():
+                raise unknown_name("setting", name, self.flat_names())
         changed = {}
         for name, kind in self.parts().items():
             mine = {f.name: flat.pop(f.name) for f in fields(kind) if f.name in flat}

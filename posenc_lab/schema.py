@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import PosencError
 
-#: the version of the results table this posenc_lab writes
+#: the version of the run folder (results table and ``config.json``) this posenc_lab writes
 SCHEMA_VERSION = 3
 #: the columns a version-1 row carried that the current schema leaves out (the spec is in ``config.json``)
 DROPPED = ("config",)

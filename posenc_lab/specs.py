@@ -27,6 +27,7 @@ ARTICLE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 #: the article's encodings but the learned table, which cannot score past its training length: the long runs' set
 LONG_RUN_ENCODINGS = tuple(name for name in ARTICLE_ENCODINGS if name != "learned")
 
+
 @dataclass(frozen=True)
 class EvaluationSpec:
     """How a trained model is evaluated: the lengths and modes on the evaluation text, and the checkpoint

@@ -156,6 +156,8 @@ def test_a_spec_is_composed_of_parts_and_overrides_go_to_the_part_that_holds_the
     names = experiment.Spec.flat_names()
     assert len(names) == len(set(names)) and {"steps", "train_len", "eval_lengths", "finetune_len"} <= set(names)
     assert experiment.Spec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    with pytest.raises(PosencError, match="unknown setting 'stepz'; valid settings: .*steps"):
+        experiment.preset("ci", stepz=3)
 
 
 @pytest.fixture(scope="module")
