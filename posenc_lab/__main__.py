@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from .encodings import ENCODINGS
@@ -107,8 +106,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _run_parser(sub) -> None:
-    """``run``: the options of a language-model run, each one a field of :class:`~posenc_lab.specs.Spec` or how to
-    run it."""
+    """``run``: the options of a language-model run, each one a setting of :class:`~posenc_lab.specs.Spec` (by its
+    flat name, :meth:`~posenc_lab.parts.Composed.given`) or how to run it."""
     from .evaluate import MODES
     from .experiment import ARTICLE_ENCODINGS, PRESETS
 
@@ -164,7 +163,7 @@ def _run_parser(sub) -> None:
 
 
 def _retrieval_parser(sub) -> None:
-    """``retrieval``: the options of a passkey-retrieval run (fields of :class:`~posenc_lab.retrieval.RetrievalSpec`)."""
+    """``retrieval``: the options of a passkey-retrieval run (of :class:`~posenc_lab.retrieval.RetrievalSpec`)."""
     from .retrieval import RETRIEVAL_PRESETS
 
     ret = sub.add_parser("retrieval", help="passkey retrieval at 1x to 8x the training length (continues an "
@@ -203,7 +202,7 @@ def _retrieval_parser(sub) -> None:
 
 
 def _context_parser(sub) -> None:
-    """``context``: the options of the context measurements (fields of :class:`~posenc_lab.context.ContextSpec`)."""
+    """``context``: the options of the context measurements (of :class:`~posenc_lab.context.ContextSpec`)."""
     from .context import CONTEXT_PRESETS
 
     ctx = sub.add_parser("context", help="does a trained language model use the context past its training length? "
@@ -302,12 +301,13 @@ def _asked(args, base, overrides: dict) -> dict:
     overrides = dict(overrides)
     if args.seeds is not None and args.other_seeds is None:
         overrides["other_seeds"] = args.seeds
-    modes = args.modes or base.modes
-    lengths = args.eval_lengths or base.eval_lengths
+    evaluation = base.evaluation
+    modes = args.modes or evaluation.modes
+    lengths = args.eval_lengths or evaluation.eval_lengths
     if "sliding" not in modes:
         overrides["sliding"] = ()
-    elif args.eval_lengths is not None and base.sliding:
-        overrides["sliding"] = tuple((n, stride) for n, stride in base.sliding if n in lengths)
+    elif args.eval_lengths is not None and evaluation.sliding:
+        overrides["sliding"] = tuple((n, stride) for n, stride in evaluation.sliding if n in lengths)
     return overrides
 
 
@@ -331,13 +331,16 @@ def _presets(experiment) -> None:
     from .context import CONTEXT_PRESETS
     from .retrieval import RETRIEVAL_PRESETS
 
+    def trained(spec) -> str:  # the model and its training, in words
+        m, t = spec.model, spec.training
+        return (f"{m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads, trained at {m.train_len} for {t.steps} "
+                f"steps x {t.batch_size}")
+
     for name, spec in experiment.PRESETS.items():
-        print(f"{name:6s} {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-              f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; evaluated at "
-              f"{', '.join(map(str, spec.eval_lengths))}; seeds {list(spec.seeds)}. {spec.notes}")
+        print(f"{name:6s} {trained(spec)}; evaluated at {', '.join(map(str, spec.evaluation.eval_lengths))}; "
+              f"seeds {list(spec.seeds)}. {spec.notes}")
     for name, spec in RETRIEVAL_PRESETS.items():
-        print(f"{name} (retrieval) {spec.n_layer} layers, d_model {spec.d_model}, {spec.n_head} heads, trained at "
-              f"{spec.train_len} for {spec.steps} steps x {spec.batch_size}; judged at "
+        print(f"{name} (retrieval) {trained(spec)}; judged at "
               f"{', '.join(f'{m}x' for m in spec.multiples)} x depths {list(spec.depths)}, {spec.trials} trials "
               f"per cell. {spec.notes}")
     for name, spec in CONTEXT_PRESETS.items():
@@ -350,8 +353,7 @@ def _retrieval(args) -> None:
     """``retrieval``: a passkey-retrieval run, then its report."""
     from . import distributed, retrieval
 
-    names = [f.name for f in fields(retrieval.RetrievalSpec) if f.name not in ("preset", "notes")]
-    spec = retrieval.retrieval_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+    spec = retrieval.retrieval_preset(args.preset, **retrieval.RetrievalSpec.given(args))
     out = args.out or f"runs/{args.preset}"
     retrieval.run(spec, out, device=args.device, progress=not args.no_progress)
     if distributed.is_main():
@@ -362,8 +364,7 @@ def _context(args) -> None:
     """``context``: the context measurements on a run's trained models, then their report."""
     from . import context
 
-    names = [f.name for f in fields(context.ContextSpec) if f.name not in ("preset", "notes")]
-    spec = context.context_preset(args.preset, **{n: getattr(args, n, None) for n in names})
+    spec = context.context_preset(args.preset, **context.ContextSpec.given(args))
     if not spec.run:
         raise PosencError("give the trained models with --run (a run folder or a committed run's name)")
     out = args.out or f"runs/{args.preset}"
@@ -379,10 +380,8 @@ def _run(args, experiment) -> None:
     """``run``: train and evaluate (or, with ``--extend``, only evaluate what a finished run lacks), then report."""
     from . import distributed
 
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec)
-                 if f.name not in ("preset", "notes")}
     base = experiment.preset(args.preset)
-    spec = experiment.preset(args.preset, **_asked(args, base, overrides))
+    spec = experiment.preset(args.preset, **_asked(args, base, experiment.Spec.given(args)))
     out = args.out or f"runs/{args.preset}"
     if args.extend:
         experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)

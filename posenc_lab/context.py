@@ -24,7 +24,7 @@ require("lab", "posenc_lab.context")
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from .encodings import strategies_of
 from .errors import PosencError, check_positive, unknown_name
+from .parts import Composed
 from .evaluate import evaluate
 from .gain import (NGRAM, THRESHOLD, far_context_family, far_repeats, gain, gain_table,  # noqa: F401
                    windowed_verdicts)
@@ -72,8 +73,9 @@ def streaming_losses(model, tokens: torch.Tensor, *, window: int, sinks: int = 0
 
 
 @dataclass
-class ContextSpec:
-    """Everything that defines a context experiment on the trained models of a language-model run."""
+class ContextSpec(Composed):
+    """Everything that defines a context experiment on the trained models of a language-model run (which records
+    the model, the training and the evaluation text: the spec has no parts of its own)."""
 
     preset: str = "custom"
     run: str = "article-cpu"  # a run folder (--out of ``python -m posenc_lab run``) or a committed run's name
@@ -110,10 +112,6 @@ class ContextSpec:
                 raise PosencError(f"block_tokens ({self.block_tokens}) must be a multiple of every length ({length})")
         if self.stream_blocks > self.blocks or any(k < 0 for k in self.sink_counts):
             raise PosencError("stream_blocks must be at most blocks, and sink counts >= 0")
-
-    def to_dict(self) -> dict:
-        """The spec as a plain dict (as stored in ``config.json``)."""
-        return asdict(self)
 
 
 #: the starting configurations of a context experiment, by name
@@ -156,7 +154,7 @@ def context_preset(name: str, **overrides) -> ContextSpec:
     """The spec of context preset ``name`` with the ``overrides`` that are not ``None``."""
     if name not in CONTEXT_PRESETS:
         raise unknown_name("context preset", name, CONTEXT_PRESETS)
-    return replace(CONTEXT_PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    return CONTEXT_PRESETS[name].override(**overrides)
 
 
 GAIN_COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "reach", "status", "tokens", "loss_full",
@@ -172,7 +170,7 @@ PASSKEY_COLUMNS = ["encoding", "strategy", "seed", "train_len", "eval_len", "mul
 
 def _load_run(spec: ContextSpec):
     """``(config, model loader)`` of the spec's run: a folder, else a committed run's name."""
-    from . import results
+    from . import results, schema
 
     def checked(config):
         if "corpus" not in config or "trained" in config:  # a retrieval run has no corpus, a context run "trained"
@@ -182,7 +180,7 @@ def _load_run(spec: ContextSpec):
 
     folder = Path(spec.run)
     if (folder / "config.json").is_file():
-        config = checked(json.loads((folder / "config.json").read_text()))
+        config = checked(schema.read_config(folder / "config.json"))
         return config, lambda enc, seed, **o: results.model_from_run(folder, enc, seed=seed, **o)
     if spec.run in results.RUNS:
         config = checked(results.load_config_only(spec.run)[2])
@@ -307,23 +305,25 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     one the run recorded."""
     from . import __version__
     from .data import evaluation_text, load_corpus
-    from .experiment import Spec, collect, git_commit, prepare, resolve_device, run_units
+    from .experiment import collect, git_commit, prepare, resolve_device, run_units
+    from .results import spec_of
 
     out = Path(out)
     device = resolve_device(device)
     config, load = _load_run(spec)
-    run_spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
+    run_spec = spec_of(config)
+    train_len = run_spec.model.train_len
     corpus = load_corpus(corpus or config.get("corpus", {}).get("corpus", "stdlib"))
     recorded = config.get("corpus", {}).get("sha256")
     if recorded and corpus.meta.get("sha256") != recorded:
         raise PosencError(f"this machine's {corpus.name!r} corpus differs from the one the run trained and was "
                           "evaluated on (its SHA-256 differs): the gain would be measured on other text")
-    reach = spec.reach or run_spec.train_len
+    reach = spec.reach or train_len
     if any(length <= reach for length in spec.lengths):
         raise PosencError(f"every length of the gain must exceed the reach ({reach}); got {spec.lengths}")
-    if spec.sink_encodings and max(spec.sink_counts, default=0) >= run_spec.train_len:
-        raise PosencError(f"the sink counts {spec.sink_counts} must be below the training length {run_spec.train_len}")
-    text = evaluation_text(corpus, run_spec.eval_tokens, context=run_spec.eval_context())
+    if spec.sink_encodings and max(spec.sink_counts, default=0) >= train_len:
+        raise PosencError(f"the sink counts {spec.sink_counts} must be below the training length {train_len}")
+    text = evaluation_text(corpus, run_spec.evaluation.eval_tokens, context=run_spec.evaluation.eval_context())
     passkey = PasskeyText([body for _, body in corpus.documents["test"]]) if spec.passkey_multiples else None
     prepare(out, {"spec": spec.to_dict(), "trained": config["spec"], "corpus": corpus.describe(),
                   "evaluation_text": text.describe()})
@@ -334,7 +334,7 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
         if unknown:
             raise PosencError(f"units {unknown} are not in this experiment's {units}")
         units = [u for u in units if u in only]
-    run_units(out, units, lambda e, s: run_context_unit(spec, e, s, load, run_spec.train_len, text, passkey, device,
+    run_units(out, units, lambda e, s: run_context_unit(spec, e, s, load, train_len, text, passkey, device,
                                                           progress, common),
               after_each=lambda o: write_tables(o, collect(o), collect(o, "passkey"), collect(o, "stream")), log=log)
     gains, keys = collect(out), collect(out, "passkey")

@@ -31,7 +31,8 @@ def evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, 
     length); they are reused instead of recomputed.
     """
     rows, per_position, documents = [], {}, []
-    for length, mode, stride in (spec.evaluations() if evaluations is None else evaluations):
+    settings = spec.evaluation
+    for length, mode, stride in (settings.evaluations() if evaluations is None else evaluations):
         reused = same_as(length, mode) if same_as is not None else None
         if reused is not None:
             row, curve, docs = reused
@@ -40,8 +41,8 @@ def evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, 
             if curve is not None:
                 per_position[str(length)] = curve
             continue
-        r = evaluate(model, text.stream, length=length, tokens=spec.eval_tokens, mode=mode, stride=stride,
-                     context=text.context, documents=text.documents, batch_size=spec.eval_batch_size, device=device,
+        r = evaluate(model, text.stream, length=length, tokens=settings.eval_tokens, mode=mode, stride=stride,
+                     context=text.context, documents=text.documents, batch_size=settings.eval_batch_size, device=device,
                      progress=progress, desc=f"{label} L={length} {mode}")
         rows.append({"eval_len": length, "eval_mode": mode, "stride": stride or "", "status": r["status"],
                      "loss": r["loss"], "perplexity": r["perplexity"], "bits_per_byte": r["bits_per_byte"],
@@ -57,8 +58,8 @@ def evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, 
 def curve_blocks(spec: Spec, text: EvalText) -> list[int]:
     """Where the checkpoint evaluations read: 8 blocks of ``curve_tokens / 8`` scored bytes, spread evenly
     over the evaluation text (offsets of their first target, relative to the scored text)."""
-    block = spec.curve_tokens // 8
-    slots = spec.eval_tokens // block
+    block = spec.evaluation.curve_tokens // 8
+    slots = spec.evaluation.eval_tokens // block
     return [round(k * (slots - 1) / 7) * block for k in range(8)]
 
 
@@ -71,12 +72,13 @@ def evaluate_checkpoint(model, spec: Spec, text: EvalText, device, strategies=("
         if strategy != "-":
             model.encoding.set_scaling(strategy)
         for length in spec.curve_lengths():
-            if strategy not in ("-", "none") and length <= spec.train_len:
+            if strategy not in ("-", "none") and length <= spec.model.train_len:
                 continue  # a strategy changes nothing at the training length (checked where the rows are reused: PlainRotation)
             total, count, status = 0.0, 0, "ok"
             for offset in curve_blocks(spec, text):
-                r = evaluate(model, text.stream, length=length, tokens=spec.curve_tokens // 8, mode="nonoverlapping",
-                             context=text.context + offset, batch_size=spec.eval_batch_size, device=device)
+                r = evaluate(model, text.stream, length=length, tokens=spec.evaluation.curve_tokens // 8,
+                             mode="nonoverlapping", context=text.context + offset,
+                             batch_size=spec.evaluation.eval_batch_size, device=device)
                 if r["status"] != "ok":
                     status = r["status"]
                     break

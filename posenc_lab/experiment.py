@@ -45,21 +45,23 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
     checkpoint evaluations)."""
     label = f"{encoding}/s{seed}"
     torch.manual_seed(seed)
-    model = GPT(spec.model_config(encoding))
+    model = GPT(spec.model.config(encoding))
     compile = spec.compile if spec.compile is not None else default_compile(device)
     strategies = strategies_of(encoding, spec.strategies)
-    curve_steps = set(spec.curve_steps()) if spec.curve_points else set()
+    train_len = spec.model.train_len
+    curve_steps = set(spec.curve_steps()) if spec.evaluation.curve_points else set()
     checkpoints: list = []  # saved in the training checkpoint, so a resumed run keeps the evaluations made
 
     def on_step(step):
         if step in curve_steps and not any(r["step"] == step for r in checkpoints):
             for r in evaluate_checkpoint(model, spec, text, device, strategies):
-                checkpoints.append({"step": step, "tokens_seen": step * spec.batch_size * spec.train_len, **r})
+                checkpoints.append({"step": step, "tokens_seen": step * spec.training.batch_size * train_len, **r})
 
-    trained = train(model, train_stream, spec.train_config(seed), checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt",
+    trained = train(model, train_stream, spec.training.config(seed),
+                    checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt",
                     device=device, progress=progress, desc=f"train {label}", compile=compile,
                     on_step=on_step if curve_steps else None, extra_state=checkpoints)
-    base = {"encoding": encoding, "seed": seed, "train_len": spec.train_len, "train_loss": round(trained["train_loss"], 5),
+    base = {"encoding": encoding, "seed": seed, "train_len": train_len, "train_loss": round(trained["train_loss"], 5),
             "train_steps": trained["train_steps"], "train_tokens": trained["train_tokens"],
             "train_seconds": round(trained["train_seconds"], 2),
             "train_tokens_per_s": round(trained["train_tokens_per_s"], 1), "finetune_steps": 0, "finetune_tokens": 0,
@@ -92,23 +94,23 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
 
 def _finetune(model, spec: Spec, strategy: str, seed: int, train_stream, text: EvalText, out: Path, device, progress,
               compile: bool, base: dict, record: tuple[list, dict, list]) -> None:
-    """Fine-tune a copy of the RoPE ``model`` briefly at ``spec.finetune_len`` with ``strategy``, evaluate it, and
-    add its rows, curves and document rows (strategy ``<strategy>+ft``) to ``record``."""
+    """Fine-tune a copy of the RoPE ``model`` briefly at ``finetune_len`` (:class:`~posenc_lab.specs.FinetuningSpec`)
+    with ``strategy``, evaluate it, and add its rows, curves and document rows (strategy ``<strategy>+ft``) to
+    ``record``."""
     rows, curves, documents = record
     encoding, label = base["encoding"], f"{base['encoding']}/s{seed}"
+    steps, length = spec.finetuning.finetune_steps, spec.finetuning.finetune_len
     tuned = copy.deepcopy(model)
-    factor = spec.finetune_len / spec.train_len
-    tuned.encoding.set_scaling(strategy, factor=factor)
-    ft_cfg = replace(spec.train_config(seed), steps=spec.finetune_steps, lr=spec.lr / 10,
-                     warmup=max(1, spec.finetune_steps // 10))
-    ft_cfg = replace(ft_cfg, batch_size=spec.finetune_batch())  # same tokens per step
-    ft = train(tuned, train_stream, ft_cfg, length=spec.finetune_len,
+    tuned.encoding.set_scaling(strategy, factor=length / spec.model.train_len)
+    ft_cfg = replace(spec.training.config(seed), steps=steps, lr=spec.training.lr / 10, warmup=max(1, steps // 10),
+                     batch_size=spec.finetune_batch())  # same tokens per step
+    ft = train(tuned, train_stream, ft_cfg, length=length,
                checkpoint=out / "checkpoints" / f"{encoding}-s{seed}-ft-{strategy}.pt",
                device=device, progress=progress, desc=f"fine-tune {label} {strategy}", compile=compile)
     evaluated, per_position, docs = evaluate_all(tuned, spec, text, device, progress, f"{label} {strategy}+ft")
     name = f"{strategy}+ft"
-    rows += [{**base, "strategy": name, "finetune_steps": spec.finetune_steps, "finetune_tokens": ft["train_tokens"],
-              "finetune_len": spec.finetune_len, **r} for r in evaluated]
+    rows += [{**base, "strategy": name, "finetune_steps": steps, "finetune_tokens": ft["train_tokens"],
+              "finetune_len": length, **r} for r in evaluated]
     documents += [{"strategy": name, **d} for d in docs]
     curves[name] = per_position
 
@@ -120,11 +122,11 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     out = Path(out)
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    text = evaluation_text(corpus, spec.eval_tokens, context=spec.eval_context())
+    text = evaluation_text(corpus, spec.evaluation.eval_tokens, context=spec.evaluation.eval_context())
     prepare(out, {"spec": spec.to_dict(), "corpus": corpus.describe(), "evaluation_text": text.describe()})
     train_stream = corpus.stream("train")
-    distributed.check_divisible(spec.batch_size)  # before any training, not when a unit gets there
-    if spec.finetune:
+    distributed.check_divisible(spec.training.batch_size)  # before any training, not when a unit gets there
+    if spec.finetuning.finetune:
         distributed.check_divisible(spec.finetune_batch())
     common = run_context(spec, corpus, device)
     units = units_of(spec)

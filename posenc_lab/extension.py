@@ -21,7 +21,7 @@ from .errors import PosencError
 from .evaluations import PlainRotation, evaluate_all
 from .model import GPT
 from .runner import collect_rows, resolve_device, run_context, write_atomic, write_table
-from .schema import migrate_unit
+from .schema import SCHEMA_VERSION, migrate_config, migrate_unit
 from .specs import Spec
 
 # the columns of a row that an evaluation measures; the others are the unit's (its training) or the machine's
@@ -64,15 +64,15 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     config_path = out / "config.json"
     if not config_path.exists():
         raise PosencError(f"{out} holds no run to extend (no config.json)")
-    previous = json.loads(config_path.read_text())
+    previous = migrate_config(json.loads(config_path.read_text()))
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    text = evaluation_text(corpus, spec.eval_tokens, context=spec.eval_context())
-    config = json.loads(json.dumps({"spec": spec.to_dict(), "corpus": corpus.describe(),
+    text = evaluation_text(corpus, spec.evaluation.eval_tokens, context=spec.evaluation.eval_context())
+    config = json.loads(json.dumps({"schema": SCHEMA_VERSION, "spec": spec.to_dict(), "corpus": corpus.describe(),
                                     "evaluation_text": text.describe()}))
     _check_same_experiment(out, config, previous)
     common = run_context(spec, corpus, device)
-    plans = _plans(out, spec.evaluations(), common)
+    plans = _plans(out, spec.evaluation.evaluations(), common)
     if plans:
         write_atomic(config_path, json.dumps({**previous, "extending": config["spec"]}, indent=1))
     for plan in plans:
@@ -92,7 +92,8 @@ def _check_same_experiment(out: Path, config: dict, previous: dict) -> None:
         raise PosencError(f"{out} is being extended to another spec (config.json 'extending'): finish that "
                           "extension first, with the same options")
     free = {"eval_lengths", "sliding", "notes"}
-    differ = sorted(k for k in config["spec"] if k not in free and config["spec"][k] != previous["spec"].get(k))
+    new, old = _settings(config["spec"]), _settings(previous["spec"])
+    differ = sorted(k for k in new if k not in free and new[k] != old.get(k))
     if differ:
         raise PosencError(f"{out} holds a different experiment ({', '.join(differ)} differ): extending adds "
                           "evaluations only")
@@ -100,6 +101,12 @@ def _check_same_experiment(out: Path, config: dict, previous: dict) -> None:
         if config[part] != previous.get(part):
             raise PosencError(f"{out} was evaluated on a different {part.replace('_', ' ')} (a new sliding window "
                               "that needs more lead-in changes the text): re-run the experiment instead")
+
+
+def _settings(spec: dict) -> dict:
+    """Every setting of a recorded spec by its flat name (``steps``, not ``training``), to name what differs."""
+    return {name: v for key, value in spec.items()
+            for name, v in (value.items() if isinstance(value, dict) else [(key, value)])}
 
 
 def _plans(out: Path, wanted: list, common: dict) -> list[dict]:
@@ -141,7 +148,7 @@ def _extend_unit(spec: Spec, out: Path, text: EvalText, device, progress, common
     encoding, seed = unit["encoding"], unit["seed"]
     t0 = time.perf_counter()
     log(f"extending {path.stem}: {sum(map(len, todo.values()))} evaluations")
-    model = GPT(spec.model_config(encoding))
+    model = GPT(spec.model.config(encoding))
     state = torch.load(out / "models" / f"{encoding}-s{seed}.pt", map_location="cpu", weights_only=True)
     model.load_state_dict(state)
     model.to(device).eval()

@@ -57,14 +57,18 @@ def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlap
     return findings.mean_loss_at_train_len(rows_of(run), labels, mode=mode)
 
 
+def _spec(run: str):
+    return results.spec_of(_load(run)[2])
+
+
 def _recipe(run: str) -> str:
-    spec = _load(run)[2]["spec"]
-    return f"batch {spec['batch_size']} × {spec['steps']:,} steps"
+    training = _spec(run).training
+    return f"batch {training.batch_size} × {training.steps:,} steps"
 
 
 def _tokens(run: str) -> str:
-    spec = _load(run)[2]["spec"]
-    return f"{spec['steps'] * spec['batch_size'] * spec['train_len'] / 1e6:.1f} M bytes"
+    spec = _spec(run)
+    return f"{spec.training.steps * spec.training.batch_size * spec.model.train_len / 1e6:.1f} M bytes"
 
 
 def _corpus(run: str) -> str:
@@ -80,12 +84,13 @@ def _names(labels) -> str:
 @lru_cache(maxsize=None)
 def run_block() -> str:
     """Why the headline run is the one shown: the lower mean loss at the training length of the two recipes."""
-    spec = _load(HEADLINE)[2]["spec"]
+    spec = _spec(HEADLINE)
+    model = spec.model
     ours, other = mean_loss_at_train_len(HEADLINE), mean_loss_at_train_len(OTHER_RECIPE)
-    seeds = {1: "one seed", 2: "two seeds", 3: "three seeds"}.get(len(spec["seeds"]), f"{len(spec['seeds'])} seeds")
-    return (f"The headline run is `{HEADLINE}`: a {spec['n_layer']}-layer, {spec['d_model']}-wide byte model "
-            f"trained at {spec['train_len']} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
-            f"{seeds}. Its mean loss at {spec['train_len']} over {_names(COMPARED)} is {ours:.3f} nats per byte, "
+    seeds = {1: "one seed", 2: "two seeds", 3: "three seeds"}.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
+    return (f"The headline run is `{HEADLINE}`: a {model.n_layer}-layer, {model.d_model}-wide byte model "
+            f"trained at {model.train_len} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
+            f"{seeds}. Its mean loss at {model.train_len} over {_names(COMPARED)} is {ours:.3f} nats per byte, "
             f"against {other:.3f} for `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}).")
 
 

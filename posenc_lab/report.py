@@ -29,7 +29,7 @@ from .claims import (BREAK, RULE, Quantity, Test, claim_1b_readings, claim_boots
 from .budget import (budget_comparisons, budget_extrapolation, budget_frame, budget_growth,  # noqa: F401
                      budget_spread, budget_verdicts, load_checkpoints)
 from .errors import PosencError
-from .schema import migrate, migrate_unit
+from .schema import migrate, migrate_unit, read_config
 from .stats import (ACCURACY_FLOOR, ALPHA, FLOOR, Comparison, adjusted, bh, compare, compare_counts,  # noqa: F401
                     compare_design, compare_paired, direction, frame, growth, holm, label, log_growth,
                     seed_interval, seed_values, verdict)
@@ -78,13 +78,14 @@ def markdown_table(rows, mode: str, metric: str = "perplexity", *, labels=None, 
 
 def load(out: Path | str) -> tuple[list[dict], list[dict], dict]:
     """Rows, unit records and config of a run folder (or of a committed results folder), the rows (and each unit's
-    rows) in the current schema (:func:`~posenc_lab.schema.migrate`)."""
+    rows) and the config in the current schema (:func:`~posenc_lab.schema.migrate`,
+    :func:`~posenc_lab.schema.migrate_config`)."""
     out = Path(out)
     if not (out / "results.json").exists():
         raise PosencError(f"{out} has no results.json: is it the --out folder of a finished or partial run?")
     rows = migrate(json.loads((out / "results.json").read_text()))
     units = [migrate_unit(json.loads(p.read_text())) for p in sorted((out / "units").glob("*.json"))]
-    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    config = read_config(out / "config.json") if (out / "config.json").exists() else {}
     return rows, units, config
 
 

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from .errors import PosencError
-from .schema import migrate, migrate_unit, trained_as
+from .schema import migrate, migrate_config, migrate_unit, read_config, trained_as
 
 #: the file that marks a folder of committed results
 MARKER = "POSENC_RESULTS.md"
@@ -131,7 +131,7 @@ def load(name: str) -> tuple[list[dict], list[dict], dict]:
     units_dir = node / "units"
     units = [migrate_unit(_read_json(p)) for p in sorted(units_dir.iterdir(), key=lambda p: p.name)
              if p.name.endswith(".json")]
-    config = _read_json(node / "config.json")
+    config = read_config(node / "config.json")
     return rows, units, config
 
 
@@ -197,7 +197,7 @@ def model_from_run(run_dir: str | Path, encoding: str, *, seed: int = 0, **optio
         raise PosencError(f"{run_dir} has no config.json: is it the --out folder of a run?")
     if not path.is_file():
         raise PosencError(f"{run_dir} has no trained model for {encoding} seed {seed} ({path} is missing)")
-    return _build(json.loads((run_dir / "config.json").read_text()), path.read_bytes(), encoding, options)
+    return _build(read_config(run_dir / "config.json"), path.read_bytes(), encoding, options)
 
 
 def _build(config: dict, weights: bytes, encoding: str, options: dict):
@@ -208,7 +208,7 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
     from .model import GPT
 
     spec = spec_of(config)
-    cfg = spec.model_config(trained_as(encoding, config))
+    cfg = spec.model.config(trained_as(encoding, config))
     cfg.encoding_options = dict(options)
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
@@ -217,15 +217,16 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
 
 def spec_of(config: dict):
-    """The spec a run's ``config.json`` records: a :class:`~posenc_lab.retrieval.RetrievalSpec` for a retrieval run
-    (its config describes the task under ``task``), else a language-model :class:`~posenc_lab.specs.Spec`."""
+    """The spec a run's ``config.json`` records (of any schema version): a
+    :class:`~posenc_lab.retrieval.RetrievalSpec` for a retrieval run (its config describes the task under
+    ``task``), else a language-model :class:`~posenc_lab.specs.Spec`."""
     from .experiment import Spec
     from .retrieval import RetrievalSpec
 
     kind = RetrievalSpec if "task" in config else Spec
-    return kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["spec"].items()})
+    return kind.from_dict(migrate_config(config)["spec"])
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:
     """``(None, None, config)`` of a committed run: its ``config.json`` alone, without reading the rows."""
-    return None, None, _read_json(folder(name) / "config.json")
+    return None, None, read_config(folder(name) / "config.json")

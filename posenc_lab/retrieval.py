@@ -32,7 +32,7 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -44,12 +44,13 @@ from .accuracy import (LEARNED, by_distance, by_length, by_seed, frame, markdown
 from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect_rows, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)
-from .model import GPT, IGNORE, GPTConfig
+from .model import GPT, IGNORE
+from .parts import Composed, ModelSpec, TrainingSpec
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
 from .schema import SCHEMA_VERSION
 from .tasks import (DIGITS, DIGITS_LEN, FILLER, KEY_LEN, MULTIKEYS, NAMES, QUESTION, SLOTS, TASKS,  # noqa: F401
                     describe_task, make_windows)
-from .train import TrainConfig, autocast, flush_denormals, save_atomic, train
+from .train import autocast, flush_denormals, save_atomic, train
 
 
 @torch.no_grad()
@@ -77,24 +78,24 @@ def exact_match(model, inputs: torch.Tensor, targets: torch.Tensor, *, batch_siz
     return answer_hits(model, inputs, targets, batch_size=batch_size, device=device).all(-1)
 
 
+#: the model and the training of a retrieval run unless a preset says otherwise: two layers, batches of 32
+MODEL = ModelSpec(n_layer=2)
+TRAINING = TrainingSpec(steps=1500, batch_size=32, checkpoint_every=250)
+
+
 @dataclass
-class RetrievalSpec:
-    """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec."""
+class RetrievalSpec(Composed):
+    """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec. The model's shape and
+    the training recipe are the language-model experiment's parts (:data:`MODEL` and :data:`TRAINING` by
+    default); the grid of lengths and depths, and the task, are the retrieval's own."""
 
     preset: str = "custom"
     task: str = "content"
     encodings: tuple[str, ...] = PRIMARY
     strategies: tuple[str, ...] = ARTICLE_STRATEGIES
     seeds: tuple[int, ...] = (0,)
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 128
-    train_len: int = 128
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 1e-3
-    warmup: int = 100
-    checkpoint_every: int = 250
+    model: ModelSpec = field(default_factory=lambda: MODEL)
+    training: TrainingSpec = field(default_factory=lambda: TRAINING)
     multiples: tuple[int, ...] = (1, 2, 4, 8)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     trials: int = 64
@@ -106,20 +107,15 @@ class RetrievalSpec:
     #: each naming a key drawn at random (a denser signal for the choice of key); empty: one. The probe and the grid
     #: ask one, so the cycle should hold 1: its windows are the only ones whose needles reach the grid's last bytes
     train_questions: tuple[int, ...] = ()
-    #: the input embedding and the output head share one matrix (the language model's GPT-2 form); untied, the
-    #: names of the multikey task, never a target, keep apart (see :class:`~posenc_lab.model.GPTConfig`)
-    tie_embeddings: bool = True
     monitor_every: int = 100  # training accuracy at the training length, every this many steps
     monitor_trials: int = 128
     eval_batch_size: int = 32
-    backend: str = "auto"
     notes: str = ""
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise unknown_name("retrieval task", self.task, TASKS)
-        for name in ("n_layer", "n_head", "d_model", "train_len", "steps", "batch_size", "lr", "trials",
-                     "monitor_every", "monitor_trials", "eval_batch_size", "checkpoint_every"):
+        for name in ("trials", "monitor_every", "monitor_trials", "eval_batch_size"):
             check_positive(name, getattr(self, name))
         for name in self.encodings:
             if name not in ENCODINGS:
@@ -137,47 +133,43 @@ class RetrievalSpec:
         if self.train_questions and (self.task != "multikey" or not all(q >= 1 for q in self.train_questions)):
             raise PosencError(f"train_questions is for the multikey task, each at least 1; got "
                               f"{self.train_questions} for the {self.task} task")
-        if self.train_len < 4 * KEY_LEN:
+        if self.model.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
 
-    def model_config(self, encoding: str) -> GPTConfig:
-        """The :class:`GPTConfig` of ``encoding`` under this spec."""
-        return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
-                         train_len=self.train_len, backend=self.backend, tie_embeddings=self.tie_embeddings)
-
     def to_dict(self) -> dict:
-        """The spec as a plain dict (as stored in ``config.json``). The task is left out when it is ``content``,
-        the only task before there were three, so that the runs made then keep their configuration."""
-        d = asdict(self)
+        """The spec as a plain dict (as stored in ``config.json``), each part a dict of its own. The task is left out
+        when it is ``content``, the only task before there were three, so that the runs made then keep their
+        configuration (and the model's ``tie_embeddings`` when tied, :meth:`~posenc_lab.parts.ModelSpec.to_dict`)."""
+        d = super().to_dict()
         if d["task"] == "content":
             del d["task"]
         if not d["train_keys"]:  # nor the training keys unless set (the runs made before they existed)
             del d["train_keys"]
         if not d["train_questions"]:
             del d["train_questions"]
-        if d["tie_embeddings"]:
-            del d["tie_embeddings"]
         return d
 
 
 #: the starting configurations of a retrieval run, by name
 RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
-    "retrieval-ci": RetrievalSpec(preset="retrieval-ci", n_layer=1, d_model=32, train_len=32, steps=6, batch_size=4,
-                                  warmup=2, checkpoint_every=3, multiples=(1, 2), depths=(0.0, 1.0), trials=4,
+    "retrieval-ci": RetrievalSpec(preset="retrieval-ci", model=ModelSpec(n_layer=1, d_model=32, train_len=32),
+                                  training=TrainingSpec(steps=6, batch_size=4, warmup=2, checkpoint_every=3),
+                                  multiples=(1, 2), depths=(0.0, 1.0), trials=4,
                                   monitor_every=3, monitor_trials=4, notes="end to end in seconds; numbers mean nothing"),
-    "retrieval-cpu": RetrievalSpec(preset="retrieval-cpu", steps=1000, trials=100,
+    "retrieval-cpu": RetrievalSpec(preset="retrieval-cpu", training=replace(TRAINING, steps=1000), trials=100,
                                    notes="passkey retrieval trained at 128 bytes, judged at 1x to 8x, every encoding, "
                                          "on 2 CPU cores in under an hour"),
     "retrieval-digits-cpu": RetrievalSpec(preset="retrieval-digits-cpu", task="digits",
                                           encodings=("nope", "sinusoidal", "rope", "alibi", "t5"), seeds=(0, 1, 2),
-                                          steps=4000, trials=100,
+                                          training=replace(TRAINING, steps=4000), trials=100,
                                           notes="five digits copied in order (one shared alphabet), trained at 128 "
                                                 "bytes for 4,000 steps (1,000 do not teach it), judged at 1x to 8x, "
                                                 "the article's encodings, three seeds; about 75 minutes"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
                                             encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
-                                            steps=8000, trials=100, train_questions=(1, 2, 3, 4),
-                                            tie_embeddings=False,
+                                            model=replace(MODEL, tie_embeddings=False),
+                                            training=replace(TRAINING, steps=8000), trials=100,
+                                            train_questions=(1, 2, 3, 4),
                                             notes="the named key among three distractors of the same kind, trained at "
                                                   "128 bytes for 8,000 steps with 1-4 questions per window and "
                                                   "untied embeddings (with tied ones the names are not told "
@@ -188,10 +180,10 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
 
 def retrieval_preset(name: str, **overrides) -> RetrievalSpec:
     """The spec of retrieval preset ``name`` (a key of :data:`RETRIEVAL_PRESETS`), with the ``overrides`` that are
-    not ``None``."""
+    not ``None``, each by its flat name (``steps``, ``train_len``, ...)."""
     if name not in RETRIEVAL_PRESETS:
         raise unknown_name("retrieval preset", name, RETRIEVAL_PRESETS)
-    return replace(RETRIEVAL_PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    return RETRIEVAL_PRESETS[name].override(**overrides)
 
 
 COLUMNS = ["task", "encoding", "strategy", "seed", "train_len", "eval_len", "multiple", "depth", "distance", "status", "trials",
@@ -203,7 +195,7 @@ def _grid(model, spec: RetrievalSpec, seed: int, device, progress: bool, label: 
     rows = []
     cells = [(m, d) for m in spec.multiples for d in spec.depths]
     for multiple, depth in tqdm(cells, desc=f"retrieval {label}", disable=not progress, leave=False):
-        length = multiple * spec.train_len
+        length = multiple * spec.model.train_len
         g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + 7919 * length + round(1000 * depth))
         inputs, targets, _, start = make_windows(spec.trials, length, depth, g, spec.task)
         distance = length - int((targets[0] != IGNORE).sum()) - int(start[0])  # the first answer's query to the needle
@@ -226,30 +218,29 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
                        common: dict) -> dict:
     """Train one encoding on the passkey task at ``train_len`` and measure the grid (every RoPE strategy)."""
     torch.manual_seed(seed)
-    model = GPT(spec.model_config(encoding))
-    cfg = TrainConfig(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=spec.warmup,
-                      checkpoint_every=spec.checkpoint_every, seed=seed)
+    model = GPT(spec.model.config(encoding))
+    train_len, steps, batch_size = spec.model.train_len, spec.training.steps, spec.training.batch_size
     monitor_g = torch.Generator().manual_seed(4242 + seed)
-    probe = make_windows(spec.monitor_trials, spec.train_len, None, monitor_g, spec.task)
+    probe = make_windows(spec.monitor_trials, train_len, None, monitor_g, spec.task)
     curve = []
 
     def batches(step):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         keys = spec.train_keys[step % len(spec.train_keys)] if spec.train_keys else MULTIKEYS
         questions = spec.train_questions[step % len(spec.train_questions)] if spec.train_questions else 1
-        x, y, _, _ = make_windows(spec.batch_size, spec.train_len, None, g, spec.task, keys, questions)
+        x, y, _, _ = make_windows(batch_size, train_len, None, g, spec.task, keys, questions)
         return x, y
 
     def monitor(step):
-        if step % spec.monitor_every == 0 or step == spec.steps:
+        if step % spec.monitor_every == 0 or step == steps:
             accuracy = exact_match(model, probe[0], probe[1], batch_size=spec.eval_batch_size, device=device)
             curve.append({"step": step, "accuracy": float(accuracy.float().mean())})
             model.train()
 
-    trained = train(model, None, cfg, batches=batches, on_step=monitor,
+    trained = train(model, None, spec.training.config(seed), batches=batches, on_step=monitor,
                     checkpoint=out / "checkpoints" / f"{encoding}-s{seed}.pt", device=device, progress=progress,
                     desc=f"train {encoding}/s{seed}", extra_state=curve)
-    base = {"task": spec.task, "encoding": encoding, "seed": seed, "train_len": spec.train_len,
+    base = {"task": spec.task, "encoding": encoding, "seed": seed, "train_len": train_len,
             "train_accuracy": curve[-1]["accuracy"] if curve else math.nan, "train_steps": trained["train_steps"],
             "train_seconds": round(trained["train_seconds"], 2), **common}
     rows = []

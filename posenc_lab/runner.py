@@ -30,7 +30,7 @@ import torch
 from . import __version__, distributed
 from .data import Corpus
 from .errors import PosencError
-from .schema import SCHEMA_VERSION, migrate
+from .schema import SCHEMA_VERSION, migrate, migrate_config
 from .train import replace_atomically
 
 def git_commit() -> str:
@@ -138,10 +138,13 @@ def write_table(out: Path, rows: list[dict]) -> None:
 
 
 def prepare(out: Path, config: dict) -> None:
-    """Record ``config`` in ``out/config.json``; refuse a folder that holds a different experiment."""
+    """Record ``config`` in ``out/config.json``, with its schema version; refuse a folder that holds a different
+    experiment. A ``config.json`` written by an older posenc_lab is compared in the current shape
+    (:func:`~posenc_lab.schema.migrate_config`), and rewritten in it."""
     config_path = out / "config.json"
+    config = {"schema": SCHEMA_VERSION, **config}
     if config_path.exists():
-        previous = json.loads(config_path.read_text())
+        previous = migrate_config(json.loads(config_path.read_text()))
         if previous.get("extending"):
             raise PosencError(f"{out} is being extended (run --extend was interrupted): finish it with the same "
                               "options and --extend")

@@ -1,5 +1,9 @@
 """What an experiment is: the :class:`Spec` of a run, the named presets, and the units a spec trains.
 
+A spec is composed of parts: the model's shape (:class:`~posenc_lab.parts.ModelSpec`) and the training recipe
+(:class:`~posenc_lab.parts.TrainingSpec`), which passkey retrieval shares, the evaluation (:class:`EvaluationSpec`)
+and the fine-tuning (:class:`FinetuningSpec`).
+
 A *unit* is one encoding and one seed. The article's encodings (:data:`ARTICLE_ENCODINGS`) are run with
 ``seeds``, the newer relatives with ``other_seeds``; ``python -m posenc_lab presets`` describes the presets.
 """
@@ -10,38 +14,25 @@ from .extras import require
 
 require("lab", "posenc_lab.specs")
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from .encodings import ENCODINGS, PRIMARY
 from .errors import PosencError, check_positive, unknown_name
 from .evaluate import MODES, window_plan
-from .model import GPTConfig
+from .parts import Composed, ModelSpec, TrainingSpec
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
-from .train import TrainConfig
 
 #: the article's encodings: run with every seed of ``Spec.seeds`` (the newer relatives with ``other_seeds``)
 ARTICLE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 #: the article's encodings but the learned table, which cannot score past its training length: the long runs' set
 LONG_RUN_ENCODINGS = tuple(name for name in ARTICLE_ENCODINGS if name != "learned")
 
-@dataclass
-class Spec:
-    """Everything that defines an experiment; a preset is a named Spec."""
 
-    preset: str = "custom"
-    encodings: tuple[str, ...] = PRIMARY
-    strategies: tuple[str, ...] = ARTICLE_STRATEGIES  # RoPE extrapolation strategies evaluated
-    seeds: tuple[int, ...] = (0,)  # for ARTICLE_ENCODINGS
-    other_seeds: tuple[int, ...] = (0,)  # for the newer relatives (xpos, kerple, fire)
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    train_len: int = 128
-    steps: int = 1000
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 100
-    checkpoint_every: int = 200
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """How a trained model is evaluated: the lengths and modes on the evaluation text, and the checkpoint
+    evaluations along training (the curve)."""
+
     eval_lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048)
     eval_tokens: int = 16384  # scored bytes of the evaluation text (data.evaluation_text), the same at every length
     modes: tuple[str, ...] = MODES
@@ -51,24 +42,10 @@ class Spec:
     curve_points: int = 0  # checkpoint evaluations along training: this many, evenly spaced in steps
     curve_factors: tuple[int, ...] = (1, 4)  # ... at these multiples of train_len, non-overlapping
     curve_tokens: int = 32768  # ... on this many bytes of the evaluation text: 8 blocks spread evenly over it
-    finetune: tuple[str, ...] = ()  # RoPE strategies to fine-tune briefly at finetune_len
-    finetune_steps: int = 0
-    finetune_len: int = 0
-    finetune_seeds: tuple[int, ...] | None = None  # the RoPE seeds that are fine-tuned (default: all)
-    backend: str = "auto"
-    compile: bool | None = None  # torch.compile the training step; default: on CUDA
-    notes: str = ""
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "d_model", "train_len", "steps", "batch_size", "lr", "eval_tokens",
-                     "stride", "eval_batch_size", "checkpoint_every"):
+        for name in ("eval_tokens", "stride", "eval_batch_size"):
             check_positive(name, getattr(self, name))
-        for name in self.encodings:
-            if name not in ENCODINGS:
-                raise unknown_name("encoding", name, ENCODINGS)
-        for name in (*self.strategies, *self.finetune):
-            if name not in ROPE_SCALINGS:
-                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
         for mode in self.modes:
             if mode not in MODES:
                 raise unknown_name("evaluation mode", mode, MODES)
@@ -81,21 +58,6 @@ class Spec:
                 raise PosencError(f"sliding length {length} is not one of the evaluation lengths {self.eval_lengths}")
         for length, mode, stride in self.evaluations():  # the window arithmetic must work out everywhere
             window_plan(self.eval_tokens, length, mode, stride, self.eval_context())
-        if self.curve_points:
-            if self.curve_tokens % (8 * max(self.curve_lengths())) or self.curve_tokens > self.eval_tokens:
-                raise PosencError(f"curve_tokens ({self.curve_tokens}) must be a multiple of 8 x the longest curve "
-                                  f"length ({max(self.curve_lengths())}) and at most eval_tokens")
-        if not self.seeds or not self.eval_lengths or not self.encodings or not self.modes:
-            raise PosencError("an experiment needs at least one encoding, seed, evaluation length and mode")
-        if "dynamic-ntk" in self.finetune:
-            raise PosencError("dynamic-ntk has no fixed factor to fine-tune with; fine-tune with pi, ntk or yarn")
-        if self.finetune and (self.finetune_steps <= 0 or self.finetune_len <= self.train_len):
-            raise PosencError("fine-tuning needs --finetune-steps > 0 and --finetune-len longer than the training length")
-        if self.d_model % self.n_head:
-            raise PosencError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
-        if (self.d_model // self.n_head) % 2 and any(ENCODINGS[n].hook == "rotate" for n in self.encodings):
-            raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
-                              f"{self.d_model // self.n_head} must be even")
 
     def evaluations(self) -> list[tuple[int, str, int | None]]:
         """``(length, mode, stride)`` of every evaluation of a trained model, in order."""
@@ -107,17 +69,83 @@ class Spec:
         """Bytes of lead-in before the scored text: enough for every sliding window's ``length - stride``."""
         return max([n - s for n, mode, s in self.evaluations() if mode == "sliding"], default=0)
 
+    def to_dict(self) -> dict:
+        """The part as a plain dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FinetuningSpec:
+    """RoPE strategies fine-tuned briefly at a longer length after training, then evaluated as ``<strategy>+ft``."""
+
+    finetune: tuple[str, ...] = ()  # RoPE strategies to fine-tune briefly at finetune_len
+    finetune_steps: int = 0
+    finetune_len: int = 0
+    finetune_seeds: tuple[int, ...] | None = None  # the RoPE seeds that are fine-tuned (default: all)
+
+    def __post_init__(self):
+        for name in self.finetune:
+            if name not in ROPE_SCALINGS:
+                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        if "dynamic-ntk" in self.finetune:
+            raise PosencError("dynamic-ntk has no fixed factor to fine-tune with; fine-tune with pi, ntk or yarn")
+
+    def to_dict(self) -> dict:
+        """The part as a plain dict."""
+        return asdict(self)
+
+
+@dataclass
+class Spec(Composed):
+    """Everything that defines an experiment; a preset is a named Spec. The model's shape, the training recipe,
+    the evaluation and the fine-tuning are its parts (:meth:`~posenc_lab.parts.Composed.override` sets a value
+    of any part by its flat name)."""
+
+    preset: str = "custom"
+    encodings: tuple[str, ...] = PRIMARY
+    strategies: tuple[str, ...] = ARTICLE_STRATEGIES  # RoPE extrapolation strategies evaluated
+    seeds: tuple[int, ...] = (0,)  # for ARTICLE_ENCODINGS
+    other_seeds: tuple[int, ...] = (0,)  # for the newer relatives (xpos, kerple, fire)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)
+    finetuning: FinetuningSpec = field(default_factory=FinetuningSpec)
+    compile: bool | None = None  # torch.compile the training step; default: on CUDA
+    notes: str = ""
+
+    def __post_init__(self):
+        model, evaluation, tune = self.model, self.evaluation, self.finetuning
+        for name in self.encodings:
+            if name not in ENCODINGS:
+                raise unknown_name("encoding", name, ENCODINGS)
+        for name in self.strategies:
+            if name not in ROPE_SCALINGS:
+                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        if evaluation.curve_points:
+            longest = max(self.curve_lengths())
+            if evaluation.curve_tokens % (8 * longest) or evaluation.curve_tokens > evaluation.eval_tokens:
+                raise PosencError(f"curve_tokens ({evaluation.curve_tokens}) must be a multiple of 8 x the longest "
+                                  f"curve length ({longest}) and at most eval_tokens")
+        if not self.seeds or not evaluation.eval_lengths or not self.encodings or not evaluation.modes:
+            raise PosencError("an experiment needs at least one encoding, seed, evaluation length and mode")
+        if tune.finetune and (tune.finetune_steps <= 0 or tune.finetune_len <= model.train_len):
+            raise PosencError("fine-tuning needs --finetune-steps > 0 and --finetune-len longer than the training length")
+        if (model.d_model // model.n_head) % 2 and any(ENCODINGS[n].hook == "rotate" for n in self.encodings):
+            raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
+                              f"{model.d_model // model.n_head} must be even")
+
     def curve_lengths(self) -> tuple[int, ...]:
         """The lengths at which the checkpoints along training are evaluated: ``curve_factors`` times ``train_len``."""
-        return tuple(f * self.train_len for f in self.curve_factors)
+        return tuple(f * self.model.train_len for f in self.evaluation.curve_factors)
 
     def curve_steps(self) -> list[int]:
         """The training steps after which a checkpoint is evaluated: ``curve_points`` evenly spaced, the last one included."""
-        return sorted({round(self.steps * (k + 1) / self.curve_points) for k in range(self.curve_points)})
+        points, steps = self.evaluation.curve_points, self.training.steps
+        return sorted({round(steps * (k + 1) / points) for k in range(points)})
 
     def finetune_batch(self) -> int:
         """The fine-tuning batch: the training batch's tokens per step, in windows of ``finetune_len``."""
-        return max(1, self.batch_size * self.train_len // self.finetune_len)
+        return max(1, self.training.batch_size * self.model.train_len // self.finetuning.finetune_len)
 
     def seeds_for(self, encoding: str) -> tuple[int, ...]:
         """The seeds of ``encoding``: ``seeds`` for the article's encodings (:data:`ARTICLE_ENCODINGS`), ``other_seeds``
@@ -126,62 +154,58 @@ class Spec:
 
     def finetunes(self, seed: int) -> tuple[str, ...]:
         """The strategies fine-tuned for RoPE seed ``seed``."""
-        return self.finetune if self.finetune_seeds is None or seed in self.finetune_seeds else ()
+        tune = self.finetuning
+        return tune.finetune if tune.finetune_seeds is None or seed in tune.finetune_seeds else ()
 
-    def model_config(self, encoding: str) -> GPTConfig:
-        """The :class:`GPTConfig` of ``encoding`` under this spec."""
-        return GPTConfig(encoding=encoding, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model,
-                         train_len=self.train_len, backend=self.backend)
 
-    def train_config(self, seed: int) -> TrainConfig:
-        """The :class:`TrainConfig` of one seed under this spec."""
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup,
-                           checkpoint_every=self.checkpoint_every, seed=seed)
-
-    def to_dict(self) -> dict:
-        """The spec as a plain dict (as stored in ``config.json``)."""
-        return asdict(self)
-
+#: the article's evaluation (article-cpu and the long runs): to 16x the training length of 512 on 248 KiB,
+#: non-overlapping at every length and sliding with stride L'/2 up to 4x, with checkpoint evaluations
+ARTICLE_EVALUATION = EvaluationSpec(eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
+                                    sliding=((512, 256), (1024, 512), (2048, 1024)), eval_batch_size=4, curve_points=8)
 
 #: the starting configurations of a run, by name (``python -m posenc_lab presets`` describes them)
 PRESETS: dict[str, Spec] = {
-    "ci": Spec(preset="ci", n_layer=2, n_head=4, d_model=64, train_len=64, steps=40, batch_size=8, lr=3e-3,
-               warmup=10, checkpoint_every=20, eval_lengths=(64, 128, 256), eval_tokens=1024, stride=32,
-               eval_batch_size=4, notes="every encoding end to end in about a minute on 2 CPU cores; numbers mean nothing"),
-    "cpu": Spec(preset="cpu", n_layer=4, n_head=4, d_model=128, train_len=128, steps=1200, batch_size=16, lr=2e-3,
-                warmup=100, checkpoint_every=200, eval_lengths=(128, 256, 512, 1024, 2048), eval_tokens=16384,
-                stride=128, eval_batch_size=4,
+    "ci": Spec(preset="ci", model=ModelSpec(n_layer=2, n_head=4, d_model=64, train_len=64),
+               training=TrainingSpec(steps=40, batch_size=8, lr=3e-3, warmup=10, checkpoint_every=20),
+               evaluation=EvaluationSpec(eval_lengths=(64, 128, 256), eval_tokens=1024, stride=32, eval_batch_size=4),
+               notes="every encoding end to end in about a minute on 2 CPU cores; numbers mean nothing"),
+    "cpu": Spec(preset="cpu", model=ModelSpec(n_layer=4, n_head=4, d_model=128, train_len=128),
+                training=TrainingSpec(steps=1200, batch_size=16, lr=2e-3, warmup=100, checkpoint_every=200),
+                evaluation=EvaluationSpec(eval_lengths=(128, 256, 512, 1024, 2048), eval_tokens=16384, stride=128,
+                                          eval_batch_size=4),
                 notes="the qualitative picture on 2 CPU cores: train at 128, evaluate to 16x"),
-    "article-cpu": Spec(preset="article-cpu", encodings=PRIMARY, n_layer=4, n_head=4, d_model=128,
-                        train_len=512, steps=700, batch_size=8, lr=2e-3, warmup=70, checkpoint_every=100,
-                        eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
-                        sliding=((512, 256), (1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2),
-                        other_seeds=(0, 1, 2), finetune=("pi", "ntk", "yarn"), finetune_steps=200, finetune_len=2048,
-                        finetune_seeds=(0,), curve_points=8,
+    "article-cpu": Spec(preset="article-cpu", encodings=PRIMARY, seeds=(0, 1, 2), other_seeds=(0, 1, 2),
+                        model=ModelSpec(n_layer=4, n_head=4, d_model=128, train_len=512),
+                        training=TrainingSpec(steps=700, batch_size=8, lr=2e-3, warmup=70, checkpoint_every=100),
+                        evaluation=ARTICLE_EVALUATION,
+                        finetuning=FinetuningSpec(finetune=("pi", "ntk", "yarn"), finetune_steps=200,
+                                                  finetune_len=2048, finetune_seeds=(0,)),
                         notes="the article's lengths on 2 CPU cores: trained at 512 for 2.9 M bytes, judged at 2048 "
                               "(4x), evaluated to 8192 on 248 KiB of 34 test files (non-overlapping at 1x, 2x, 4x, "
                               "16x; sliding at 1x, 2x and 4x with stride L'/2, so every scored byte sees at least "
                               "L'/2 bytes), three seeds of every encoding, 8 checkpoint evaluations; about 3 hours"),
-    "article-long": Spec(preset="article-long", encodings=LONG_RUN_ENCODINGS, n_layer=4,
-                         n_head=4, d_model=128, train_len=512, steps=2800, batch_size=8, lr=2e-3, warmup=280,
-                         checkpoint_every=100, eval_lengths=(512, 1024, 2048, 8192), eval_tokens=31 * 8192, stride=512,
-                         sliding=((512, 256), (1024, 512), (2048, 1024)), eval_batch_size=4, seeds=(0, 1, 2), curve_points=16,
+    "article-long": Spec(preset="article-long", encodings=LONG_RUN_ENCODINGS, seeds=(0, 1, 2),
+                         model=ModelSpec(n_layer=4, n_head=4, d_model=128, train_len=512),
+                         training=TrainingSpec(steps=2800, batch_size=8, lr=2e-3, warmup=280, checkpoint_every=100),
+                         evaluation=replace(ARTICLE_EVALUATION, curve_points=16),
                          notes="article-cpu's model and recipe with 4x its training tokens (11.5 M bytes) for the "
                                "article's encodings, three seeds, evaluated as article-cpu, 16 checkpoint "
                                "evaluations; many hours on 2 CPU cores: run it in the background, it resumes"),
-    "colab": Spec(preset="colab", n_layer=6, n_head=6, d_model=384, train_len=512, steps=1500, batch_size=16,
-                  lr=1e-3, warmup=150, checkpoint_every=250, eval_lengths=(512, 1024, 2048, 4096, 8192),
-                  eval_tokens=32768, stride=256, eval_batch_size=2,
+    "colab": Spec(preset="colab", model=ModelSpec(n_layer=6, n_head=6, d_model=384, train_len=512),
+                  training=TrainingSpec(steps=1500, batch_size=16, lr=1e-3, warmup=150, checkpoint_every=250),
+                  evaluation=EvaluationSpec(eval_lengths=(512, 1024, 2048, 4096, 8192), eval_tokens=32768, stride=256,
+                                            eval_batch_size=2),
                   notes="sized for a Colab T4 in about 30 minutes"),
-    "paper": Spec(preset="paper", n_layer=12, n_head=8, d_model=512, train_len=512, steps=4000, batch_size=64,
-                  lr=6e-4, warmup=300, checkpoint_every=250, eval_lengths=(512, 1024, 2048, 4096, 8192, 16384),
-                  eval_tokens=65536, stride=512, eval_batch_size=4, seeds=(0, 1, 2),
+    "paper": Spec(preset="paper", seeds=(0, 1, 2), model=ModelSpec(n_layer=12, n_head=8, d_model=512, train_len=512),
+                  training=TrainingSpec(steps=4000, batch_size=64, lr=6e-4, warmup=300, checkpoint_every=250),
+                  evaluation=EvaluationSpec(eval_lengths=(512, 1024, 2048, 4096, 8192, 16384), eval_tokens=65536,
+                                            stride=512, eval_batch_size=4),
                   notes="the article's model (12 layers, 8 heads, d_model 512, trained at 512) on a GPU"),
 }
 # the same model, tokens and evaluation in twice as many steps of half the batch: the recipe's own effect on the
 # verdicts (warm-up and checkpoints stretched alike, so the checkpoint evaluations fall on the same tokens)
-PRESETS["article-long-b4"] = replace(
-    PRESETS["article-long"], preset="article-long-b4", batch_size=4, steps=5600, warmup=560, checkpoint_every=200,
+PRESETS["article-long-b4"] = PRESETS["article-long"].override(
+    preset="article-long-b4", batch_size=4, steps=5600, warmup=560, checkpoint_every=200,
     notes="article-long's model, 11.5 M training bytes and evaluation in batches of 4 windows for 5,600 steps "
           "(twice the optimiser steps), three seeds; a GPU runs its units side by side (--jobs)")
 # the headline's recipes on English prose (data.load_corpus names the corpus): the two domains differ only in text
@@ -195,7 +219,7 @@ PRESETS["prose-long-b4"] = replace(PRESETS["article-long-b4"], preset="prose-lon
 # sinusoidal seed 0 sees the same batches and the same bytes, so the two units compare directly)
 PRESETS["amplitude-cpu"] = replace(
     PRESETS["article-cpu"], preset="amplitude-cpu", encodings=("sinusoidal-small",), seeds=(0,), other_seeds=(0,),
-    finetune=(), finetune_steps=0, finetune_len=0, finetune_seeds=None,
+    finetuning=FinetuningSpec(),
     notes="the old sinusoidal amplitude (sinusoidal-small, RMS 0.02, tokens unscaled) with article-cpu's recipe "
           "and evaluation, seed 0 only: compare it with article-cpu's sinusoidal seed 0; about 6 minutes")
 
@@ -204,24 +228,23 @@ PRESETS["amplitude-cpu"] = replace(
 # article-cpu's own units: same batches, same bytes), three seeds each. Plain RoPE is trained again here so that
 # Llama 3's scaling (inference only) is evaluated on every seed: article-cpu keeps the weights of seed 0 only.
 # Its rows also check that a run reproduces: same seed, same batches, same bytes as article-cpu's RoPE.
-PRESETS["variants-cpu"] = replace(
-    PRESETS["article-cpu"], preset="variants-cpu",
+PRESETS["variants-cpu"] = PRESETS["article-cpu"].override(
+    preset="variants-cpu",
     encodings=("rope", "rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope", "rope-random",
                "learned-random"),
     strategies=("none", "yarn", "llama3"),
-    seeds=(0, 1, 2), other_seeds=(0, 1, 2), finetune=(), finetune_steps=0, finetune_len=0, finetune_seeds=None,
-    curve_points=0,
+    seeds=(0, 1, 2), other_seeds=(0, 1, 2), finetuning=FinetuningSpec(), curve_points=0,
     notes="partial rotary, p-RoPE, bases 500 and 500,000, a NoPE last layer and randomized positions (RoPE and "
           "learned) with article-cpu's recipe and evaluation, three seeds each, and plain RoPE again (none, YaRN "
           "and Llama 3's scaling, on every seed); about 2 hours 15 minutes on 2 CPU cores")
 
 
 def preset(name: str, **overrides) -> Spec:
-    """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``."""
+    """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``, each
+    by its flat name (``steps``, ``eval_lengths``, ...: :meth:`~posenc_lab.parts.Composed.override`)."""
     if name not in PRESETS:
         raise unknown_name("preset", name, PRESETS)
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    return replace(PRESETS[name], **overrides)
+    return PRESETS[name].override(**overrides)
 
 
 def units_of(spec: Spec) -> list[tuple[str, int]]:

@@ -32,9 +32,9 @@ def main() -> None:
     if not isinstance(spec, retrieval.RetrievalSpec):
         raise SystemExit(f"answer_digits: {args.run} is a language-model run; this script reads retrieval runs")
     generator = torch.Generator().manual_seed(2026)
-    print(f"{args.encoding} seed {args.seed}, {spec.task}, {spec.train_len} bytes, {args.windows} windows a depth")
+    print(f"{args.encoding} seed {args.seed}, {spec.task}, {spec.model.train_len} bytes, {args.windows} windows a depth")
     for depth in spec.depths:
-        x, y, _, _ = retrieval.make_windows(args.windows, spec.train_len, depth, generator, spec.task)
+        x, y, _, _ = retrieval.make_windows(args.windows, spec.model.train_len, depth, generator, spec.task)
         hits = retrieval.answer_hits(model, x, y).float()
         print(f"depth {depth:4.2f}: right by answer byte " + " ".join(f"{h:.2f}" for h in hits.mean(0).tolist())
               + f"; exact match {hits.prod(-1).mean().item():.2f}")

@@ -21,16 +21,19 @@ from pathlib import Path
 from posenc_lab import experiment, retrieval
 from posenc_lab.errors import PosencError
 from posenc_lab.experiment import _csv, write_atomic
-from posenc_lab.schema import DROPPED, migrate, migrate_unit
+from posenc_lab.schema import DROPPED, migrate, migrate_config, migrate_unit
 
 #: tables of older trainings of a run, kept beside its own (CSV only)
 OLDER_TABLES = ("replicate.csv",)
 
 
 def _check_spec(rows: list[dict], config: dict, where: Path) -> None:
-    """Every row's ``config`` (a version-1 row's copy of the spec) is the spec of ``config.json``."""
+    """Every row's ``config`` (a version-1 row's copy of the spec, flat) is the spec of ``config.json``, both read
+    in the current shape."""
+    recorded = migrate_config(config)["spec"]
+    rest = {k: v for k, v in config.items() if k not in ("schema", "spec")}  # what says which kind of run it is
     for row in rows:
-        if "config" in row and json.loads(row["config"]) != config["spec"]:
+        if "config" in row and migrate_config({**rest, "spec": json.loads(row["config"])})["spec"] != recorded:
             raise PosencError(f"{where}: a row records a spec that config.json does not; migrating would lose it")
 
 

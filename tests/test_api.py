@@ -165,12 +165,10 @@ def test_half_precision_inputs_keep_their_dtype(dtype, backend, name):
 # --------------------------------------------------------------------------------------------- the command line
 
 def _spec(argv):
-    from dataclasses import fields
-
     from posenc_lab import __main__ as cli, experiment
 
     args = cli.parser().parse_args(argv)
-    overrides = {f.name: getattr(args, f.name, None) for f in fields(experiment.Spec) if f.name not in ("preset", "notes")}
+    overrides = experiment.Spec.given(args)
     return experiment.preset(args.preset, **cli._asked(args, experiment.PRESETS[args.preset], overrides))
 
 
@@ -183,9 +181,9 @@ def test_seeds_apply_to_every_encoding_named():
 
 def test_only_the_asked_modes_are_validated():
     spec = _spec(["run", "--preset", "article-cpu", "--modes", "nonoverlapping", "--eval-lengths", "512,2048"])
-    assert spec.modes == ("nonoverlapping",) and spec.eval_lengths == (512, 2048)
+    assert spec.evaluation.modes == ("nonoverlapping",) and spec.evaluation.eval_lengths == (512, 2048)
     sliding = _spec(["run", "--preset", "article-cpu", "--eval-lengths", "512,2048"])
-    assert sliding.sliding == ((512, 256), (2048, 1024))
+    assert sliding.evaluation.sliding == ((512, 256), (2048, 1024))
 
 
 @pytest.mark.parametrize("module,extra", [("posenc_lab.train", "lab"), ("posenc_lab.stats", "lab"),

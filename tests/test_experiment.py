@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,26 @@ def test_spec_rejects_bad_input():
         experiment.preset("ci", encodings=("rope", "cope"))
     with pytest.raises(PosencError, match="no fixed factor"):
         experiment.preset("ci", finetune=("dynamic-ntk",), finetune_steps=5, finetune_len=128)
+    with pytest.raises(PosencError, match="longer than the training length") as err:
+        experiment.preset("ci", finetune=("pi",), finetune_steps=5, finetune_len=64)
+    assert "\n" not in str(err.value)
+
+
+def test_a_spec_is_composed_of_parts_and_overrides_go_to_the_part_that_holds_them():
+    """The model's shape, the training recipe, the evaluation and the fine-tuning are parts of a spec; an override
+    by a flat name changes that one value of its part and nothing else."""
+    ci = experiment.PRESETS["ci"]
+    spec = experiment.preset("ci", steps=10, eval_lengths=(64,), n_layer=1, finetune=("pi",), finetune_steps=2,
+                             finetune_len=128, seeds=(3,))
+    assert spec.training == replace(ci.training, steps=10) and spec.model == replace(ci.model, n_layer=1)
+    assert spec.evaluation == replace(ci.evaluation, eval_lengths=(64,)) and spec.seeds == (3,)
+    assert spec.finetuning.finetune == ("pi",) and experiment.preset("ci", steps=None) == ci
+    assert spec.model.config("rope").n_layer == 1 and spec.training.config(7).seed == 7
+    names = experiment.Spec.flat_names()
+    assert len(names) == len(set(names)) and {"steps", "train_len", "eval_lengths", "finetune_len"} <= set(names)
+    assert experiment.Spec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    with pytest.raises(PosencError, match="unknown setting 'stepz'; valid settings: .*steps"):
+        experiment.preset("ci", stepz=3)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +174,13 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     labels = {(r["encoding"], r["strategy"]) for r in rows}
     assert {e for e, _ in labels} == set(spec.encodings)
     assert {s for e, s in labels if e == "rope"} == {"none", "pi", "ntk", "dynamic-ntk", "yarn", "pi+ft"}
-    assert len(rows) == (len(spec.encodings) - 1 + 6) * len(spec.eval_lengths) * len(spec.modes)
+    evaluation = spec.evaluation
+    assert len(rows) == (len(spec.encodings) - 1 + 6) * len(evaluation.eval_lengths) * len(evaluation.modes)
     for r in rows:
-        if r["encoding"] == "learned" and r["eval_len"] > spec.train_len:
+        if r["encoding"] == "learned" and r["eval_len"] > spec.model.train_len:
             assert r["status"] == "cannot extrapolate" and math.isnan(r["loss"])
         else:
-            assert r["status"] == "ok" and 0 < r["loss"] < 10 and r["tokens"] == spec.eval_tokens
+            assert r["status"] == "ok" and 0 < r["loss"] < 10 and r["tokens"] == evaluation.eval_tokens
     ft = [r for r in rows if r["strategy"] == "pi+ft"]
     assert all(r["finetune_steps"] == 4 and r["finetune_tokens"] == 4 * 4 * 128 for r in ft)
     assert sorted(p.name for p in (out / "models").iterdir()) == sorted(f"{e}-s0.pt" for e in spec.encodings)
@@ -168,7 +190,10 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     first = rows[0]
     assert first["torch"] == torch.__version__ and first["device"].startswith("cpu") and first["corpus"] == "stdlib"
     assert first["schema"] == SCHEMA_VERSION and "config" not in first  # the spec is in config.json, once
-    assert json.loads((out / "config.json").read_text())["spec"]["preset"] == "ci"
+    config = json.loads((out / "config.json").read_text())
+    assert config["schema"] == SCHEMA_VERSION and config["spec"]["preset"] == "ci"
+    assert config["spec"]["training"] == {"steps": 40, "batch_size": 8, "lr": 3e-3, "warmup": 10, "checkpoint_every": 20}
+    assert experiment.Spec.from_dict(config["spec"]) == spec  # the spec, composed of its parts, round-trips
 
 
 @pytest.mark.slow
@@ -275,21 +300,22 @@ def test_article_preset_runs_at_toy_size(tmp_path):
     shape scaled down 8x, its evaluation text to 4 windows of the longest length, 2 checkpoint evaluations) end to
     end, so that it cannot rot."""
     article = experiment.PRESETS["article-cpu"]
-    scale = 8
+    scale, evaluation = 8, article.evaluation
     spec = experiment.preset("article-cpu", n_layer=1, d_model=32, steps=3, batch_size=2, warmup=1,
-                             train_len=article.train_len // scale, eval_lengths=tuple(n // scale for n in article.eval_lengths),
-                             eval_tokens=4 * article.eval_lengths[-1] // scale, stride=article.stride // scale,
-                             sliding=tuple((n // scale, s // scale) for n, s in article.sliding),
+                             train_len=article.model.train_len // scale,
+                             eval_lengths=tuple(n // scale for n in evaluation.eval_lengths),
+                             eval_tokens=4 * evaluation.eval_lengths[-1] // scale, stride=evaluation.stride // scale,
+                             sliding=tuple((n // scale, s // scale) for n, s in evaluation.sliding),
                              curve_tokens=2048, curve_points=2, checkpoint_every=1,
-                             finetune_steps=2, finetune_len=article.finetune_len // scale)
-    assert spec.seeds == spec.other_seeds == (0, 1, 2) and spec.finetune_seeds == (0,)
+                             finetune_steps=2, finetune_len=article.finetuning.finetune_len // scale)
+    assert spec.seeds == spec.other_seeds == (0, 1, 2) and spec.finetuning.finetune_seeds == (0,)
     rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)
     units = {(r["encoding"], r["seed"]) for r in rows}
     assert units == {(e, s) for e in spec.encodings for s in (0, 1, 2)}
     finetuned = {(r["strategy"], r["seed"]) for r in rows if r["strategy"].endswith("+ft")}
     assert finetuned == {(f"{s}+ft", 0) for s in ("pi", "ntk", "yarn")}
     for mode in ("sliding", "nonoverlapping"):  # every claim has its numbers in both modes
-        text = report.claims_text(rows, mode, judged_len=spec.eval_lengths[2])
+        text = report.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
         assert text.startswith("decision rule") and "no data" not in text and "n/a" not in text
 
 
@@ -299,17 +325,18 @@ def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_
     (the schedule stretched alike), for the article's encodings, three seeds, 16 checkpoint evaluations; end to end
     at toy size, with numbers behind every claim in both modes and the verdicts along training."""
     long, short = experiment.PRESETS["article-long"], experiment.PRESETS["article-cpu"]
-    same = ("n_layer", "n_head", "d_model", "train_len", "batch_size", "lr", "eval_lengths", "eval_tokens", "sliding",
-            "curve_tokens", "curve_factors", "seeds", "strategies")
-    assert {k: getattr(long, k) for k in same} == {k: getattr(short, k) for k in same}
-    assert long.steps * long.batch_size >= 4 * short.steps * short.batch_size
-    assert long.warmup / long.steps == short.warmup / short.steps
-    assert {"sinusoidal", "rope", "alibi", "t5"} <= set(long.encodings) and long.curve_points >= 8
-    scale = 8
+    assert long.model == short.model and (long.seeds, long.strategies) == (short.seeds, short.strategies)
+    assert long.evaluation == replace(short.evaluation, curve_points=long.evaluation.curve_points)
+    lt, st = long.training, short.training
+    assert lt.batch_size == st.batch_size and lt.lr == st.lr
+    assert lt.steps * lt.batch_size >= 4 * st.steps * st.batch_size and lt.warmup / lt.steps == st.warmup / st.steps
+    assert {"sinusoidal", "rope", "alibi", "t5"} <= set(long.encodings) and long.evaluation.curve_points >= 8
+    scale, evaluation = 8, long.evaluation
     spec = experiment.preset("article-long", n_layer=1, d_model=32, steps=16, batch_size=2, warmup=2,
-                             train_len=long.train_len // scale, eval_lengths=tuple(n // scale for n in long.eval_lengths),
-                             eval_tokens=4096, stride=long.stride // scale,
-                             sliding=tuple((n // scale, s // scale) for n, s in long.sliding),
+                             train_len=long.model.train_len // scale,
+                             eval_lengths=tuple(n // scale for n in evaluation.eval_lengths),
+                             eval_tokens=4096, stride=evaluation.stride // scale,
+                             sliding=tuple((n // scale, s // scale) for n, s in evaluation.sliding),
                              curve_tokens=2048, checkpoint_every=4)
     rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)
     assert {(r["encoding"], r["seed"]) for r in rows} == {(e, s) for e in long.encodings for s in (0, 1, 2)}
@@ -317,7 +344,7 @@ def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_
     assert sorted({c["step"] for c in checkpoints}) == spec.curve_steps() and len(spec.curve_steps()) == 16
     assert (tmp_path / "checkpoints.csv").read_text().count("\n") == len(checkpoints) + 1
     for mode in ("sliding", "nonoverlapping"):
-        text = report.claims_text(rows, mode, judged_len=spec.eval_lengths[2])
+        text = report.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
         assert "no data" not in text and "n/a" not in text
     table = report.budget_verdicts(checkpoints)
     assert len(table.columns) == 16 and list(table.columns) == sorted(table.columns)
@@ -357,7 +384,7 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     assert unit["extended"][0]["evaluations"] == [[64, "sliding", 32], [256, "nonoverlapping", None]]
     assert unit["extended"][0]["not_extended"] == [["pi+ft", 64, "sliding", 32], ["pi+ft", 256, "nonoverlapping", None]]
     assert set(unit["per_position"]["none"]) == {"64", "128", "256"}
-    assert json.loads((tmp_path / "a" / "config.json").read_text())["spec"]["eval_lengths"] == [64, 128, 256]
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["spec"]["evaluation"]["eval_lengths"] == [64, 128, 256]
     docs = sorted((tmp_path / "a" / "documents.csv").read_text().splitlines())
     gone = ("rope,pi+ft,0,256,nonoverlapping,", "rope,pi+ft,0,64,sliding,")
     assert docs == sorted(line for line in (tmp_path / "b" / "documents.csv").read_text().splitlines()
@@ -400,7 +427,8 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         experiment.extend(after, tmp_path / "cut", **quiet)
     monkeypatch.setattr(extension, "evaluate_all", real)
-    assert json.loads((tmp_path / "cut" / "config.json").read_text())["extending"]["eval_lengths"] == [64, 128, 256]
+    extending = json.loads((tmp_path / "cut" / "config.json").read_text())["extending"]
+    assert extending["evaluation"]["eval_lengths"] == [64, 128, 256]
     with pytest.raises(PosencError, match="being extended"):
         experiment.run(before, tmp_path / "cut", **quiet)
     with pytest.raises(PosencError, match="another spec"):

@@ -177,7 +177,10 @@ def test_results_are_found_by_their_marker(tmp_path, monkeypatch):
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
     assert results.root() == fake  # from the working directory upward, before the package's checkout
-    assert results.load("cpu") == ([{"x": 1, "schema": 2}], [], {})  # read through the schema's migration
+    from posenc_lab.schema import SCHEMA_VERSION
+
+    # read through the schema's migrations: rows and config.json
+    assert results.load("cpu") == ([{"x": 1, "schema": SCHEMA_VERSION}], [], {"schema": SCHEMA_VERSION})
     monkeypatch.setenv("POSENC_LAB_RESULTS", str(tmp_path))
     with pytest.raises(PosencError, match="has no POSENC_RESULTS.md"):
         results.root()

@@ -36,23 +36,21 @@ def test_committed_models_reproduce_their_committed_numbers(encoding):
     from posenc_lab.evaluate import evaluate
 
     rows, _, config = results.load("article-cpu")
-    spec = config["spec"]
+    spec = results.spec_of(config)
+    train_len, eval_tokens = spec.model.train_len, spec.evaluation.eval_tokens
     model = results.model("article-cpu", encoding)
-    assert model.cfg.train_len == spec["train_len"] and not model.training
+    assert model.cfg.train_len == train_len and not model.training
     corpus = load_corpus("stdlib")
     if "evaluation_text" in config:  # the run's own evaluation text: every test file's first bytes, with a lead-in
         from posenc_lab.data import evaluation_text
-        from posenc_lab.experiment import Spec
 
-        run_spec = Spec(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec.items()})
-        text = evaluation_text(corpus, spec["eval_tokens"], context=run_spec.eval_context())
+        text = evaluation_text(corpus, eval_tokens, context=spec.evaluation.eval_context())
         assert text.describe() == config["evaluation_text"]  # the same bytes as the run scored
         stream, context = text.stream, text.context
     else:
         stream, context = corpus.stream("test"), 0
-    got = evaluate(model, stream, length=spec["train_len"], tokens=spec["eval_tokens"], mode="nonoverlapping",
-                   context=context)
-    want = next(r for r in rows if r["encoding"] == encoding and r["seed"] == 0 and r["eval_len"] == spec["train_len"]
+    got = evaluate(model, stream, length=train_len, tokens=eval_tokens, mode="nonoverlapping", context=context)
+    want = next(r for r in rows if r["encoding"] == encoding and r["seed"] == 0 and r["eval_len"] == train_len
                 and r["eval_mode"] == "nonoverlapping")
     assert got["loss"] == pytest.approx(want["loss"], rel=2e-3)  # float16 weights: close, not equal
 

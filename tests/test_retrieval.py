@@ -242,14 +242,14 @@ def test_several_questions_shorten_the_haystack_and_the_depth_places_the_needle_
         assert start.tolist() == [last] * 4
     # only the one-question windows reach the grid's last needle place (why the preset's cycle holds 1)
     spec = retrieval.RETRIEVAL_PRESETS["retrieval-multikey-cpu"]
-    assert 1 in spec.train_questions and not spec.tie_embeddings
+    assert 1 in spec.train_questions and not spec.model.tie_embeddings
 
 
 def test_a_retrieval_spec_may_untie_the_embeddings_and_records_it_only_then():
-    tied, untied = retrieval.RetrievalSpec(task="multikey"), retrieval.RetrievalSpec(task="multikey",
-                                                                                     tie_embeddings=False)
-    assert "tie_embeddings" not in tied.to_dict() and untied.to_dict()["tie_embeddings"] is False
-    assert tied.model_config("rope").tie_embeddings and not untied.model_config("rope").tie_embeddings
+    tied = retrieval.RetrievalSpec(task="multikey")
+    untied = tied.override(tie_embeddings=False)
+    assert "tie_embeddings" not in tied.to_dict()["model"] and untied.to_dict()["model"]["tie_embeddings"] is False
+    assert tied.model.config("rope").tie_embeddings and not untied.model.config("rope").tie_embeddings
 
 
 def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_among_all(tmp_path, monkeypatch):
@@ -266,8 +266,8 @@ def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_amo
                                       train_keys=(1, 2, 3), monitor_trials=5, trials=3, multiples=(1,),
                                       depths=(0.5,))
     retrieval.run_retrieval_unit(spec, "nope", 0, tmp_path, "cpu", False, {})
-    training = [k for n, k in seen if n == spec.batch_size]
-    assert training == [(1, 2, 3)[step % 3] for step in range(len(training))] and len(training) >= spec.steps
+    training = [k for n, k in seen if n == spec.training.batch_size]
+    assert training == [(1, 2, 3)[step % 3] for step in range(len(training))] and len(training) >= spec.training.steps
     assert [k for n, k in seen if n in (spec.monitor_trials, spec.trials)] == \
         [retrieval.MULTIKEYS] * sum(n in (spec.monitor_trials, spec.trials) for n, _ in seen)
     assert {q for _, q in asked} == {1}
@@ -275,7 +275,7 @@ def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_amo
     asked.clear()
     retrieval.run_retrieval_unit(dataclasses.replace(spec, train_questions=(1, 3)), "nope", 0, tmp_path / "q", "cpu",
                                  False, {})
-    training = [q for n, q in asked if n == spec.batch_size]
+    training = [q for n, q in asked if n == spec.training.batch_size]
     assert training == [(1, 3)[step % 2] for step in range(len(training))]
     assert {q for n, q in asked if n in (spec.monitor_trials, spec.trials)} == {1}
 
@@ -352,7 +352,8 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
                  "--train-len", "72", "--multiples", "1", "--depths", "0.5", "--trials", "2", "--train-questions",
                  "1,2", "--untied", "--no-progress", "--out", str(out)]) == 0
     spec = json.loads((out / "config.json").read_text())["spec"]
-    assert spec["train_questions"] == [1, 2] and spec["tie_embeddings"] is False
+    assert spec["train_questions"] == [1, 2] and spec["model"]["tie_embeddings"] is False
+    assert spec["model"]["train_len"] == 72 and spec["training"]["steps"] == 2
     weights = torch.load(out / "models" / "nope-s0.pt", weights_only=True)
     assert not torch.equal(weights["head.weight"], weights["tok_emb.weight"])
     # results.model_from_run rebuilds a retrieval run's model from its folder, untied as trained, every weight in place

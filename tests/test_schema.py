@@ -1,4 +1,5 @@
-"""The results table's schema: a table written by an older posenc_lab reads as a current one, through one migration."""
+"""A run folder's schema: a results table or a config.json written by an older posenc_lab reads as a current one,
+through the schema's migrations."""
 
 import csv
 import json
@@ -6,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lab import PosencError, experiment, report, results
-from posenc_lab.schema import SCHEMA_VERSION, migrate, migrate_unit, version
+from posenc_lab import PosencError, experiment, report, results, retrieval
+from posenc_lab.schema import (PARTS, SCHEMA_VERSION, config_version, migrate, migrate_config, migrate_unit,
+                               read_config, version)
 
 DATA = Path(__file__).parent / "data"
 
@@ -27,7 +29,7 @@ def test_a_version_1_row_migrates_to_the_current_schema():
         assert {k: v for k, v in after.items() if k != "schema"} == {k: v for k, v in before.items() if k != "config"}
         assert list(after) == [("schema" if k == "config" else k) for k in before]  # the fields keep their order
     # what the migration drops is what the run's config.json records once
-    assert json.loads(old[0]["config"]) == results.load_config_only("article-cpu")[2]["spec"]
+    assert migrate_config({"spec": json.loads(old[0]["config"])})["spec"] == results.load_config_only("article-cpu")[2]["spec"]
     header = experiment._csv(new, experiment.COLUMNS).splitlines()[0].split(",")
     assert header == experiment.COLUMNS and header[-1] == "schema"
 
@@ -72,16 +74,92 @@ def test_an_old_run_folder_reads_and_resumes_in_the_current_schema(tmp_path):
     assert migrate_unit({"encoding": "alibi", "seed": 0}) == {"encoding": "alibi", "seed": 0}
 
 
+# version 3 changed config.json only: a version-2 row has the fields of a current one
+CURRENT_ROWS = {2, SCHEMA_VERSION}
+
+
 @pytest.mark.parametrize("name", [n for n in results.RUNS if (results.folder(n) / "results.json").is_file()])
 def test_every_committed_table_is_in_the_current_schema(name):
     """The committed files themselves, not only what the readers make of them."""
     node = results.folder(name)
     raw = json.loads((node / "results.json").read_text())
-    assert {version(r) for r in raw} == {SCHEMA_VERSION} and not any("config" in r for r in raw)
+    assert {version(r) for r in raw} <= CURRENT_ROWS and not any("config" in r for r in raw)
     for table in ("results.csv", "replicate.csv"):
         if (node / table).is_file():
             with (node / table).open(newline="") as f:
                 header = next(csv.reader(f))
             assert "config" not in header and header[-1] == "schema"
     for path in (node / "units").glob("*.json"):
-        assert {version(r) for r in json.loads(path.read_text())["rows"]} == {SCHEMA_VERSION}
+        assert {version(r) for r in json.loads(path.read_text())["rows"]} <= CURRENT_ROWS
+
+
+@pytest.mark.parametrize("name", list(results.RUNS))
+def test_every_committed_config_is_in_the_current_schema(name):
+    """Every committed config.json names the current version and its spec is composed of parts."""
+    raw = json.loads((results.folder(name) / "config.json").read_text())
+    assert raw["schema"] == SCHEMA_VERSION and migrate_config(raw) is raw
+    lm = raw.get("trained", raw["spec"])  # a context run's own spec has no parts; the models it measured do
+    assert {"model", "training"} <= set(lm) and not set(lm) & {"n_layer", "steps", "train_len", "eval_lengths"}
+
+
+def flat(spec: dict) -> dict:
+    """A spec of parts as version 2 recorded it: every setting a key of its own."""
+    return {k: v for key, value in spec.items() for k, v in (value.items() if key in PARTS else [(key, value)])}
+
+
+def test_an_old_flat_config_migrates_to_a_spec_of_parts_and_round_trips():
+    old = {"spec": json.loads(old_rows()[0]["config"]), "corpus": {"corpus": "stdlib"}}  # article-cpu, flat
+    new = migrate_config(old)
+    assert config_version(old) == 2 and new["schema"] == SCHEMA_VERSION and new["corpus"] == old["corpus"]
+    spec = new["spec"]
+    assert spec["model"] == {"n_layer": 4, "n_head": 4, "d_model": 128, "train_len": 512, "backend": "auto"}
+    assert spec["training"] == {"steps": 700, "batch_size": 8, "lr": 0.002, "warmup": 70, "checkpoint_every": 100}
+    assert spec["evaluation"]["eval_lengths"] == [512, 1024, 2048, 8192] and spec["finetuning"]["finetune_len"] == 2048
+    assert flat(spec) == old["spec"]  # nothing lost, nothing added
+    assert migrate_config(new) is new  # a current config is returned as it is
+    read = results.spec_of(old)  # from the old shape or the new, the same spec
+    assert read == results.spec_of(new) == experiment.PRESETS["article-cpu"]
+    assert json.loads(json.dumps(read.to_dict())) == spec and experiment.Spec.from_dict(spec) == read
+
+
+def test_an_old_retrieval_and_context_config_migrate_too(tmp_path):
+    old = {"spec": json.loads(json.loads((DATA / "retrieval-results-v1.json").read_text())[0]["config"]),
+           "task": {"task": "content"}}
+    new = migrate_config(old)
+    assert set(new["spec"]["model"]) == {"n_layer", "n_head", "d_model", "train_len", "backend"}
+    assert "evaluation" not in new["spec"] and new["spec"]["eval_batch_size"] == 32  # its grid stays its own
+    assert results.spec_of(old) == results.spec_of(new) == retrieval.RETRIEVAL_PRESETS["retrieval-cpu"]
+    context = results.load_config_only("context-cpu")[2]
+    older = {k: v for k, v in {**context, "trained": flat(context["trained"])}.items() if k != "schema"}
+    (tmp_path / "config.json").write_text(json.dumps(older))
+    assert read_config(tmp_path / "config.json") == context  # the models' spec composed, the context's own kept
+
+
+def test_a_newer_config_is_a_clear_one_line_error():
+    with pytest.raises(PosencError, match=f"schema version {SCHEMA_VERSION + 1}, newer than") as err:
+        migrate_config({"schema": SCHEMA_VERSION + 1, "spec": {}})
+    assert "\n" not in str(err.value)
+    with pytest.raises(PosencError, match="not a version number"):
+        migrate_config({"schema": "three"})
+
+
+@pytest.mark.slow
+def test_a_run_whose_config_is_in_the_old_shape_resumes(tmp_path):
+    """A run folder written before the spec had parts: the same spec continues it (the unit left to do is
+    trained, the finished one is kept) and config.json is rewritten in the current shape; another spec is
+    still refused."""
+    spec = experiment.preset("ci", encodings=("nope", "alibi"), steps=2, eval_lengths=(64,), modes=("nonoverlapping",))
+    quiet = dict(progress=False, log=lambda *a: None)
+    rows = experiment.run(spec, tmp_path, **quiet)
+    config = json.loads((tmp_path / "config.json").read_text())
+    old = {k: v for k, v in {**config, "spec": flat(config["spec"])}.items() if k != "schema"}
+    (tmp_path / "config.json").write_text(json.dumps(old, indent=1))
+    kept = (tmp_path / "units" / "nope-s0.json").read_text()
+    (tmp_path / "units" / "alibi-s0.json").unlink()
+    with pytest.raises(PosencError, match="different experiment"):
+        experiment.run(experiment.preset("ci", **{**dict(encodings=("nope", "alibi"), eval_lengths=(64,)),
+                                                  "steps": 3, "modes": ("nonoverlapping",)}), tmp_path, **quiet)
+    again = experiment.run(spec, tmp_path, **quiet)
+    assert (tmp_path / "units" / "nope-s0.json").read_text() == kept
+    assert [r["loss"] for r in again] == [r["loss"] for r in rows]  # the unit trained again ends where it did
+    assert json.loads((tmp_path / "config.json").read_text()) == config
