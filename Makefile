@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants benchmarks-cpu clean
+.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -120,6 +120,11 @@ results-context-variants: env
 results-variants: env
 	$(PY) -m posenc_lab run --preset variants-cpu --out runs/variants-cpu
 	$(call commit_run,variants-cpu,documents.csv)
+
+# what 2024-26 added: nine methods with article-cpu's recipe, three seeds each (many hours on two cores; it resumes)
+results-recent: env
+	$(PY) -m posenc_lab run --preset recent-cpu --out runs/recent-cpu
+	$(call commit_run,recent-cpu,documents.csv)
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env

@@ -25,7 +25,7 @@ from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
 #: the article's encodings: run with every seed of ``Spec.seeds`` (the newer relatives with ``other_seeds``)
 ARTICLE_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5")
 #: the article's encodings but the learned table, which cannot score past its training length: the long runs' set
-LONG_RUN_ENCODINGS = tuple(name for name in ARTICLE_ENCODINGS if name != "learned")
+LONG_RUN_ENCODINGS = tuple(name for name in ARTICLE_ENCODINGS if not ENCODINGS[name].bounded)
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,18 @@ PRESETS["variants-cpu"] = PRESETS["article-cpu"].override(
     notes="partial rotary, p-RoPE, bases 500 and 500,000, a NoPE last layer and randomized positions (RoPE and "
           "learned) with article-cpu's recipe and evaluation, three seeds each, and plain RoPE again (none, YaRN "
           "and Llama 3's scaling, on every seed); about 2 hours 15 minutes on 2 CPU cores")
+
+
+# the methods of 2024-26 with article-cpu's model, recipe and evaluation, three seeds each: their baselines (plain
+# RoPE with and without YaRN, ALiBi, NoPE) are article-cpu's own units, trained on the same batches and bytes. The
+# issue's core four (FoX, SSMax on RoPE, a local/global mix, CoPE) come first, so a run cut short compares them.
+PRESETS["recent-cpu"] = PRESETS["article-cpu"].override(
+    preset="recent-cpu",
+    encodings=("fox", "ssmax-rope", "gemma3", "cope", "ssmax", "fope", "nope-temp", "irope", "rnope-swa"),
+    strategies=("none",), seeds=(0, 1, 2), other_seeds=(0, 1, 2), finetuning=FinetuningSpec(), curve_points=0,
+    notes="SSMax (on NoPE and RoPE), FoPE, FoX, CoPE, Llama 4's temperature, iRoPE, Gemma 3's and RNoPE-SWA's "
+          "local/global layers with article-cpu's recipe and evaluation, three seeds each; many hours on 2 CPU cores: "
+          "run it in the background, it resumes")
 
 
 def preset(name: str, **overrides) -> Spec:

@@ -126,7 +126,7 @@ def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
 
 
 def test_spec_rejects_bad_input():
-    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, variants-cpu"):
+    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, recent-cpu, variants-cpu"):
         experiment.preset("huge")
     with pytest.raises(PosencError, match="positive"):
         experiment.preset("ci", train_len=0)
@@ -135,7 +135,7 @@ def test_spec_rejects_bad_input():
     with pytest.raises(PosencError, match="multiple"):
         experiment.preset("ci", eval_lengths=(64, 100))
     with pytest.raises(PosencError, match="valid encodings"):
-        experiment.preset("ci", encodings=("rope", "cope"))
+        experiment.preset("ci", encodings=("rope", "cope-v2"))
     with pytest.raises(PosencError, match="no fixed factor"):
         experiment.preset("ci", finetune=("dynamic-ntk",), finetune_steps=5, finetune_len=128)
     with pytest.raises(PosencError, match="longer than the training length") as err:
@@ -280,11 +280,11 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, variants-cpu"),
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, ci, colab, cpu, paper, prose-long, prose-long-b4, recent-cpu, variants-cpu"),
     (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
     (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
     (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
-    (["run", "--preset", "ci", "--encodings", "rope,cope", "--out", "x"], "unknown encoding 'cope'"),
+    (["run", "--preset", "ci", "--encodings", "rope,cope-v2", "--out", "x"], "unknown encoding 'cope-v2'"),
     (["report", "/no/such/run"], "has no results.json"),
 ])
 def test_cli_bad_input_is_one_clear_line(tmp_path, args, message):

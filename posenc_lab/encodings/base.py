@@ -150,6 +150,10 @@ class Encoding(nn.Module):
     #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
     cacheable = True
 
+    #: whether the encoding gives positions only up to a fixed table (the learned absolute one): a model cannot then
+    #: score windows longer than its training length
+    bounded = False
+
     #: whether the encoding has a defined form for non-causal (bidirectional) attention
     noncausal = True
     #: how to build the encoding's non-causal form, where an option gives one (said in the error otherwise)

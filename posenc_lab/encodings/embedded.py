@@ -60,6 +60,7 @@ class Learned(Encoding):
     """A learned vector per position up to the training length (GPT-2); past it, :class:`PositionOutOfRange`."""
 
     name, hook = "learned", "embed"
+    bounded = True
     shape = {"d_model": "d_model", "max_len": "train_len"}
 
     def __init__(self, d_model: int, *, max_len: int):

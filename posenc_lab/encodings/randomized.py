@@ -61,6 +61,7 @@ class RandomizedLearned(_Randomized, Learned):
     ``max_position`` positions."""
 
     name, variant_of = "learned-random", "learned"
+    bounded = False  # its table reaches max_position, far past the training length
 
     def __init__(self, d_model: int, *, max_len: int, max_position: int | None = None):
         max_position = 16 * max_len if max_position is None else max_position
