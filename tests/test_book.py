@@ -428,7 +428,7 @@ def test_every_bibliography_entry_is_cited():
     bib = (ROOT / "book" / "references.bib").read_text()
     keys = set(re.findall(r"@\w+\{([^,]+),", bib))
     cited = set()
-    for page in [*NOTEBOOKS, *(ROOT / "book").glob("*.md")]:
+    for page in [*NOTEBOOKS, *(ROOT / "book").glob("*.md"), *(ROOT / "book" / "reference").glob("*.md")]:
         for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", page.read_text()):
             cited |= {k.strip() for k in group.split(",")}
     assert keys <= cited, f"in references.bib but never cited: {sorted(keys - cited)}"
