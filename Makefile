@@ -40,9 +40,9 @@ test: env mathjax
 test-notebooks: env
 	$(PY) -m pytest -q notebooks
 
-# the quick subset: no training, no book build
+# the quick subset: no training, no book build (a test that trains fails here until it is marked slow); one worker per core
 test-fast: env
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" -n auto tests
 
 mathjax: $(MATHJAX)
 $(MATHJAX): book/fetch_mathjax.py

@@ -15,3 +15,19 @@ def gen():
 
 def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:flex_attention called without torch.compile")
+
+
+@pytest.fixture(autouse=True)
+def _training_is_marked_slow(request, monkeypatch):
+    """The two lanes: a test that takes a training step (``posenc_lab.train``) must be marked ``slow``, so that
+    ``make test-fast`` (``-m "not slow"``) trains nothing."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    from posenc_lab import train
+
+    steps, original = [], train._step
+    monkeypatch.setattr(train, "_step", lambda *args, **kwargs: steps.append(1) or original(*args, **kwargs))
+    yield
+    if steps:
+        pytest.fail(f"{request.node.nodeid} takes {len(steps)} training steps: mark it slow", pytrace=False)

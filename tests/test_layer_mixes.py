@@ -265,6 +265,7 @@ def test_the_recomputed_attention_weights_are_each_layers_own(name):
             assert (w[..., outside] == 0).all()
 
 
+@pytest.mark.slow  # compiles a training step
 @pytest.mark.parametrize("name", ["irope", "gemma3"])
 def test_a_compiled_training_step_takes_the_same_loss_and_gradients(name):
     """Under ``torch.compile`` (which cannot read positions to cut chunks or windows) the masks cover every pair:

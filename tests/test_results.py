@@ -27,6 +27,7 @@ def test_unknown_results_are_a_clear_error():
         results.benchmark("gpu-dreams")
 
 
+@pytest.mark.slow  # evaluates two trained models on the evaluation text
 @pytest.mark.parametrize("encoding", ["alibi", "sinusoidal"])
 def test_committed_models_reproduce_their_committed_numbers(encoding):
     """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32.

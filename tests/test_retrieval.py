@@ -252,6 +252,7 @@ def test_a_retrieval_spec_may_untie_the_embeddings_and_records_it_only_then():
     assert tied.model.config("rope").tie_embeddings and not untied.model.config("rope").tie_embeddings
 
 
+@pytest.mark.slow
 def test_training_windows_cycle_through_the_training_keys_and_the_probe_asks_among_all(tmp_path, monkeypatch):
     seen, asked = [], []
     make = retrieval.make_windows
