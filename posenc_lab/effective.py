@@ -62,7 +62,7 @@ KEEP = Fraction(85, 100)
 
 #: the exact-match score of a model that does not do what each retrieval task tests: ``content`` guesses each of
 #: the four passkey bytes within its own alphabet (1/10 each); ``digits`` guesses the five digits (1/10 each);
-#: ``multikey`` copies one of the :data:`~posenc_lab.tasks.MULTIKEYS` keys of the window without reading the
+#: ``multikey`` copies one of the ``tasks.MULTIKEYS`` keys of the window without reading the
 #: name asked for (a model that copies perfectly but cannot tell names apart scores this)
 CHANCE = {
     "content": math.prod(1 / len(slot) for slot in SLOTS),

@@ -108,7 +108,7 @@ class Composed:
 
     @classmethod
     def given(cls, options) -> dict:
-        """What parsed command-line ``options`` (an :class:`argparse.Namespace`) hold for each flat name of this kind
+        """What parsed command-line ``options`` (an ``argparse.Namespace``) hold for each flat name of this kind
         of spec, ``None`` where they hold nothing; ``preset`` and ``notes`` are not options."""
         return {n: getattr(options, n, None) for n in cls.flat_names() if n not in ("preset", "notes")}
 

@@ -86,7 +86,7 @@ TRAINING = TrainingSpec(steps=1500, batch_size=32, checkpoint_every=250)
 @dataclass
 class RetrievalSpec(Composed):
     """Everything that defines a retrieval experiment; a preset is a named RetrievalSpec. The model's shape and
-    the training recipe are the language-model experiment's parts (:data:`MODEL` and :data:`TRAINING` by
+    the training recipe are the language-model experiment's parts (``MODEL`` and ``TRAINING`` by
     default); the grid of lengths and depths, and the task, are the retrieval's own."""
 
     preset: str = "custom"

@@ -17,6 +17,7 @@ from . import masks
 from .chunks import sdpa_in_chunks
 from .masks import _block_masks, _is_range, _query_blocks, future_mask, other_chunk, out_of_reach, score_mod
 
+#: the backends :func:`~posenc_lab.backends.attention` accepts (``auto``: :func:`choose_backend`)
 BACKENDS = ("auto", "reference", "sdpa", "flex")
 #: queries per block of the ``sdpa`` backend's causal attention with a bias
 BLOCK = 512

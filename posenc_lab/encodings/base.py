@@ -71,7 +71,7 @@ class Encoding(nn.Module):
     #: what :func:`make_encoding` hands the constructor from the model's shape: ``{argument: quantity}``, the
     #: quantities being ``d_model``, ``num_heads``, ``head_dim``, ``train_len`` and ``n_layer``
     shape: dict[str, str] = {}
-    #: the keys a query of this layer may attend to besides causality (a local layer of a mix, :mod:`.mixes`):
+    #: the keys a query of this layer may attend to besides causality (a local layer of a mix, module ``mixes``):
     #: ``window = W`` keeps the keys less than ``W`` positions away (a sliding window), ``chunk = C`` those of the
     #: query's own chunk of ``C`` positions (``floor(i / C) == floor(j / C)``); None: every key
     window: int | None = None
@@ -181,7 +181,8 @@ class Encoding(nn.Module):
         return self.distance_only
 
     #: whether the attention logits read the tokens themselves, not their positions alone: a decay computed from
-    #: the layer's input (:meth:`decay`) or a bias computed from the queries and keys (:meth:`token_bias`)
+    #: the layer's input (:meth:`~posenc_lab.encodings.Encoding.decay`) or a bias computed from the queries and keys
+    #: (:meth:`~posenc_lab.encodings.Encoding.token_bias`)
     reads_tokens = False
 
     def decay(self, x: torch.Tensor) -> torch.Tensor | None:

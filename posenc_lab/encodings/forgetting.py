@@ -48,7 +48,7 @@ def decay_bias(c_q: torch.Tensor, c_k: torch.Tensor) -> torch.Tensor:
 
 class FoXLayer(Encoding):
     """One layer's forget gates (Lin et al. 2025): ``f_t = sigmoid(w_f . x_t + b_f)``, one scalar per head and token,
-    read from the layer's input by :meth:`decay`. ``w_f`` starts normal with standard deviation 0.02 and ``b_f`` at
+    read from the layer's input by :meth:`~posenc_lab.encodings.Encoding.decay`. ``w_f`` starts normal with standard deviation 0.02 and ``b_f`` at
     ``gate_bias`` (0: the paper's code initialises its data-dependent gate as any linear layer, so every gate starts
     near 1/2). Causal attention only: ``D_ij`` sums the gates between a key and a later query."""
 
@@ -74,7 +74,7 @@ class FoXLayer(Encoding):
 class FoX(FoXLayer):
     """FoX, the Forgetting Transformer (Lin et al. 2025): every layer its own forget gates (:class:`FoXLayer`), no
     other position signal. This object holds the first layer's gates, and ``n_layer - 1`` more, which
-    :meth:`for_layer` hands to the other layers; :meth:`decay` alone (outside a model) is the first layer's.
+    :meth:`for_layer` hands to the other layers; ``decay`` alone (outside a model) is the first layer's.
     ``gate_bias`` starts every gate's ``b_f`` (0, the paper's).
     """
 
