@@ -196,7 +196,7 @@ def blocks_of(text, spec: ContextSpec) -> list[int]:
         raise PosencError(f"the run's evaluation text holds {slots} blocks of {spec.block_tokens} bytes; "
                           f"{spec.blocks} were asked for")
     step = (slots - 1) / max(1, spec.blocks - 1)
-    return [text.context + round(k * step) * spec.block_tokens for k in range(spec.blocks)]
+    return [text.lead_in + round(k * step) * spec.block_tokens for k in range(spec.blocks)]
 
 
 def _batch_size(spec: ContextSpec, length: int) -> int:
@@ -275,7 +275,7 @@ def _stream_rows(model, spec: ContextSpec, text, encoding: str, seed: int, train
 def _full_losses(model, stream, starts, spec: ContextSpec, device):
     """Each block's losses with full attention over one window of ``block_tokens`` (the stream's baseline)."""
     for b in starts:
-        r = evaluate(model, stream, length=spec.block_tokens, tokens=spec.block_tokens, context=b, device=device,
+        r = evaluate(model, stream, length=spec.block_tokens, tokens=spec.block_tokens, lead_in=b, device=device,
                      batch_size=1, per_target=True)
         yield r["per_target"] if r["status"] == "ok" else torch.full((spec.block_tokens,), math.nan, dtype=torch.float64)
 
@@ -323,7 +323,7 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
         raise PosencError(f"every length of the gain must exceed the reach ({reach}); got {spec.lengths}")
     if spec.sink_encodings and max(spec.sink_counts, default=0) >= train_len:
         raise PosencError(f"the sink counts {spec.sink_counts} must be below the training length {train_len}")
-    text = evaluation_text(corpus, run_spec.evaluation.eval_tokens, context=run_spec.evaluation.eval_context())
+    text = evaluation_text(corpus, run_spec.evaluation.eval_tokens, lead_in=run_spec.evaluation.lead_in())
     passkey = PasskeyText([body for _, body in corpus.documents["test"]]) if spec.passkey_multiples else None
     prepare(out, {"spec": spec.to_dict(), "trained": config["spec"], "corpus": corpus.describe(),
                   "evaluation_text": text.describe()})

@@ -211,7 +211,7 @@ def load_corpus(spec: str = "stdlib") -> Corpus:
 
 @dataclass
 class EvalText:
-    """The evaluation text: ``context`` bytes of lead-in, then the scored bytes, one document index per byte.
+    """The evaluation text: ``lead_in`` bytes of lead-in, then the scored bytes, one document index per byte.
 
     ``stream`` holds the bytes (uint8), ``documents[i]`` the index in ``names`` of the document byte
     ``i`` comes from (the separator before a document counts as that document's), ``cap`` the most
@@ -221,24 +221,25 @@ class EvalText:
     stream: torch.Tensor
     documents: torch.Tensor
     names: list[str]
-    context: int
+    lead_in: int
     tokens: int
     cap: int
 
     def describe(self) -> dict:
-        """What every result records about the text: scored bytes, context, document cap, the number of documents
+        """What every result records about the text: scored bytes, lead-in, document cap, the number of documents
         scored from, and a SHA-256 of the bytes read."""
-        scored = self.documents[self.context + 1 : self.context + self.tokens + 1]
+        scored = self.documents[self.lead_in + 1 : self.lead_in + self.tokens + 1]
         counts = torch.bincount(scored.long(), minlength=len(self.names))
-        return {"eval_text_bytes": self.tokens, "eval_context": self.context, "eval_document_cap": self.cap,
+        # "eval_context": the key the committed results carry for the lead-in
+        return {"eval_text_bytes": self.tokens, "eval_context": self.lead_in, "eval_document_cap": self.cap,
                 "eval_documents": int((counts > 0).sum()), "eval_text_sha256": hashlib.sha256(
-                    self.stream[: self.context + self.tokens + 1].numpy().tobytes()).hexdigest()}
+                    self.stream[: self.lead_in + self.tokens + 1].numpy().tobytes()).hexdigest()}
 
 
-def evaluation_text(corpus: Corpus, tokens: int, *, context: int = 0, split: str = "test",
+def evaluation_text(corpus: Corpus, tokens: int, *, lead_in: int = 0, split: str = "test",
                     granularity: int = 1024) -> EvalText:
     """The first ``cap`` bytes of every document of ``split`` (in name order), joined, with the
-    smallest ``cap`` (a multiple of ``granularity``) that yields ``context + tokens + 1`` bytes.
+    smallest ``cap`` (a multiple of ``granularity``) that yields ``lead_in + tokens + 1`` bytes.
 
     Capping every document at the same size spreads the scored text over as many documents as the
     split has, instead of the first few long ones; within a document the text stays contiguous, so
@@ -246,13 +247,13 @@ def evaluation_text(corpus: Corpus, tokens: int, *, context: int = 0, split: str
     """
     if split not in SPLITS:
         raise PosencError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    check = tokens + context + 1
+    check = tokens + lead_in + 1
     docs = corpus.documents[split]
     longest = max((len(b) for _, b in docs), default=0)
     available = sum(len(b) for _, b in docs) + len(docs) - 1
     if available < check:
         raise PosencError(f"the {split} split of {corpus.name!r} has {available} bytes, fewer than the "
-                          f"{check} the evaluation needs ({context} of lead-in + {tokens} scored + 1): "
+                          f"{check} the evaluation needs ({lead_in} of lead-in + {tokens} scored + 1): "
                           "lower --eval-tokens or use a larger corpus")
 
     def joined(cap):
@@ -267,7 +268,7 @@ def evaluation_text(corpus: Corpus, tokens: int, *, context: int = 0, split: str
         data += piece
         owner += [i] * len(piece)
     stream = torch.frombuffer(data, dtype=torch.uint8).clone()
-    return EvalText(stream, torch.tensor(owner, dtype=torch.int32), [n for n, _ in docs], context, tokens, cap)
+    return EvalText(stream, torch.tensor(owner, dtype=torch.int32), [n for n, _ in docs], lead_in, tokens, cap)
 
 
 def batch_at(stream: torch.Tensor, step: int, *, batch_size: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,15 +1,15 @@
 """Evaluation at any length: non-overlapping and sliding windows, per document and per position.
 
-The scored text is the ``tokens`` bytes that follow ``context`` bytes of lead-in: targets
-``context + 1 .. context + tokens`` of the evaluation stream. Every length and encoding scores the
+The scored text is the ``tokens`` bytes that follow ``lead_in`` bytes of lead-in: targets
+``lead_in + 1 .. lead_in + tokens`` of the evaluation stream. Every length and encoding scores the
 same targets, once each:
 
-* ``nonoverlapping``: windows ``[c, c + L), [c + L, c + 2L), ...`` (``c = context``); target ``t`` of a
+* ``nonoverlapping``: windows ``[c, c + L), [c + L, c + 2L), ...`` (``c = lead_in``); target ``t`` of a
   window sees ``t`` bytes of context, so the average mixes short and long contexts.
 * ``sliding`` (stride ``S``), as Press et al. (2022) define it: each window of ``L`` bytes scores only
   its last ``S`` targets, so **every scored byte sees at least** ``L - S`` **bytes of context** and at
   most ``L - 1``. The window of the first ``S`` targets reaches ``L - S`` bytes back into the lead-in;
-  with less lead-in than that (``context < L - S``), the first targets, which would have less
+  with less lead-in than that (``lead_in < L - S``), the first targets, which would have less
   context, are not scored and the result says how many were left out (``unscored``). Press et al.
   use ``S = 1`` at great cost; ``S < L`` trades compute for context.
 
@@ -40,37 +40,37 @@ from .train import autocast, clear_oom, flush_denormals
 MODES = ("nonoverlapping", "sliding")
 
 
-def window_plan(tokens: int, length: int, mode: str, stride: int | None = None, context: int = 0) -> list[tuple[int, int]]:
+def window_plan(tokens: int, length: int, mode: str, stride: int | None = None, lead_in: int = 0) -> list[tuple[int, int]]:
     """``(start, first scored position)`` of each window of ``length`` covering the scored targets.
 
-    The scored targets are ``context + 1 .. context + tokens``; see the module docstring for the two
-    modes. In ``sliding`` mode with ``context < length - stride``, the windows that would start before
+    The scored targets are ``lead_in + 1 .. lead_in + tokens``; see the module docstring for the two
+    modes. In ``sliding`` mode with ``lead_in < length - stride``, the windows that would start before
     the stream are left out, and so are their targets (:func:`unscored` counts them).
     """
     check_positive("evaluation length", length)
     check_positive("evaluation tokens", tokens)
-    if context < 0:
-        raise PosencError(f"the lead-in context must be >= 0, got {context}")
+    if lead_in < 0:
+        raise PosencError(f"the lead-in must be >= 0, got {lead_in}")
     if mode not in MODES:
         raise PosencError(f"unknown evaluation mode {mode!r}; valid modes: {', '.join(MODES)}")
     if tokens % length:
         raise PosencError(f"evaluation tokens ({tokens}) must be a multiple of every evaluation length ({length})")
     if mode == "nonoverlapping":
-        return [(start, 0) for start in range(context, context + tokens, length)]
+        return [(start, 0) for start in range(lead_in, lead_in + tokens, length)]
     if stride is None:
         raise PosencError("sliding-window evaluation needs a stride")
     check_positive("stride", stride)
     if stride > length or tokens % stride:
         raise PosencError(f"stride {stride} must be at most the length {length} and divide the evaluation tokens {tokens}")
-    # window k scores targets end - S + 1 .. end with end = context + k S; a window that would start before
+    # window k scores targets end - S + 1 .. end with end = lead_in + k S; a window that would start before
     # the stream (too little lead-in) is left out, and so are its targets
-    return [(end - length, length - stride) for end in range(context + stride, context + tokens + 1, stride)
+    return [(end - length, length - stride) for end in range(lead_in + stride, lead_in + tokens + 1, stride)
             if end - length >= 0]
 
 
-def unscored(tokens: int, length: int, mode: str, stride: int | None = None, context: int = 0) -> int:
+def unscored(tokens: int, length: int, mode: str, stride: int | None = None, lead_in: int = 0) -> int:
     """How many of the ``tokens`` targets a plan leaves out (sliding windows without enough lead-in)."""
-    return tokens - sum(length - first for _, first in window_plan(tokens, length, mode, stride, context))
+    return tokens - sum(length - first for _, first in window_plan(tokens, length, mode, stride, lead_in))
 
 
 def _cannot_extrapolate(reason: str, t0: float) -> dict:
@@ -81,10 +81,10 @@ def _cannot_extrapolate(reason: str, t0: float) -> dict:
 
 @torch.no_grad()
 def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str = "nonoverlapping",
-             stride: int | None = None, context: int = 0, documents: torch.Tensor | None = None, batch_size: int = 8,
+             stride: int | None = None, lead_in: int = 0, documents: torch.Tensor | None = None, batch_size: int = 8,
              device: torch.device | str = "cpu", progress: bool = False, desc: str = "eval", reach: int | None = None,
              per_target: bool = False) -> dict:
-    """Mean loss (nats), perplexity and bits per byte over targets ``context + 1 .. context + tokens`` of ``stream``.
+    """Mean loss (nats), perplexity and bits per byte over targets ``lead_in + 1 .. lead_in + tokens`` of ``stream``.
 
     ``documents`` (optional, one integer per byte of ``stream``) names the document each byte belongs
     to; the result then holds ``per_document``: ``{document: [summed loss, scored targets]}``. Also
@@ -93,20 +93,20 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
     last ``stride`` positions), and ``unscored``: targets left out for lack of lead-in (sliding).
     A learned table asked past its end gives ``status="cannot extrapolate"`` instead of raising.
     ``reach``: attention limited to the last ``reach`` keys in every layer. ``per_target``: the result
-    also holds ``per_target``, the loss of every target ``context + 1 + i`` (float64, ``tokens`` of
+    also holds ``per_target``, the loss of every target ``lead_in + 1 + i`` (float64, ``tokens`` of
     them; NaN where a target is not scored).
     """
     device = torch.device(device)
-    if len(stream) < context + tokens + 1:
-        raise PosencError(f"the evaluation text has {len(stream)} bytes; {context + tokens + 1} are needed "
-                          f"({context} of lead-in, {tokens} scored, one more for the last target)")
+    if len(stream) < lead_in + tokens + 1:
+        raise PosencError(f"the evaluation text has {len(stream)} bytes; {lead_in + tokens + 1} are needed "
+                          f"({lead_in} of lead-in, {tokens} scored, one more for the last target)")
     if documents is not None and len(documents) != len(stream):
         raise PosencError(f"documents has {len(documents)} entries for a stream of {len(stream)} bytes")
-    plan = window_plan(tokens, length, mode, stride, context)
-    expected = tokens - unscored(tokens, length, mode, stride, context)
+    plan = window_plan(tokens, length, mode, stride, lead_in)
+    expected = tokens - unscored(tokens, length, mode, stride, lead_in)
     if not plan:
         raise PosencError(f"sliding windows of {length} with stride {stride} need at least {length - stride} bytes "
-                          f"of lead-in before the scored text (context={context}); none can be scored")
+                          f"of lead-in before the scored text (lead_in={lead_in}); none can be scored")
     model.eval().to(device)
     t0 = time.perf_counter()
     limit = getattr(model.encoding, "max_positions", None)
@@ -114,7 +114,7 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
         return _cannot_extrapolate(f"a learned position table of {limit} positions cannot score windows of {length}", t0)
     n_docs = int(documents.max()) + 1 if documents is not None and len(documents) else 0
     try:
-        scored = _score_windows(model, stream, plan, length=length, context=context, documents=documents,
+        scored = _score_windows(model, stream, plan, length=length, lead_in=lead_in, documents=documents,
                                 n_docs=n_docs, batch_size=batch_size, device=device, progress=progress, desc=desc,
                                 reach=reach, per_target=per_target)
     except PositionOutOfRange as err:
@@ -123,7 +123,7 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
                       by_document=documents is not None, per_target=per_target, t0=t0)
 
 
-def _score_windows(model, stream, plan, *, length, context, documents, n_docs, batch_size, device, progress, desc,
+def _score_windows(model, stream, plan, *, length, lead_in, documents, n_docs, batch_size, device, progress, desc,
                    reach, per_target) -> list:
     """The losses of every window of ``plan``, as ``(window index, (summed loss of its scored targets, their
     number, per-position losses, per-document sums, offset of its first scored target, per-target losses))``."""
@@ -147,7 +147,7 @@ def _score_windows(model, stream, plan, *, length, context, documents, n_docs, b
                                torch.bincount(owners, minlength=n_docs))
                 targets = row[first:].clone() if per_target else None
                 scored.append((b * batch_size + w, (row[first:].sum().item(), length - first, per_position, per_doc,
-                                                    start + first - context, targets)))
+                                                    start + first - lead_in, targets)))
     return scored
 
 

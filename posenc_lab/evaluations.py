@@ -42,7 +42,7 @@ def evaluate_all(model, spec: Spec, text: EvalText, device, progress, label, *, 
                 per_position[str(length)] = curve
             continue
         r = evaluate(model, text.stream, length=length, tokens=settings.eval_tokens, mode=mode, stride=stride,
-                     context=text.context, documents=text.documents, batch_size=settings.eval_batch_size, device=device,
+                     lead_in=text.lead_in, documents=text.documents, batch_size=settings.eval_batch_size, device=device,
                      progress=progress, desc=f"{label} L={length} {mode}")
         rows.append({"eval_len": length, "eval_mode": mode, "stride": stride or "", "status": r["status"],
                      "loss": r["loss"], "perplexity": r["perplexity"], "bits_per_byte": r["bits_per_byte"],
@@ -77,7 +77,7 @@ def evaluate_checkpoint(model, spec: Spec, text: EvalText, device, strategies=("
             total, count, status = 0.0, 0, "ok"
             for offset in curve_blocks(spec, text):
                 r = evaluate(model, text.stream, length=length, tokens=spec.evaluation.curve_tokens // 8,
-                             mode="nonoverlapping", context=text.context + offset,
+                             mode="nonoverlapping", lead_in=text.lead_in + offset,
                              batch_size=spec.evaluation.eval_batch_size, device=device)
                 if r["status"] != "ok":
                     status = r["status"]

@@ -122,7 +122,7 @@ def run(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", device:
     out = Path(out)
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    text = evaluation_text(corpus, spec.evaluation.eval_tokens, context=spec.evaluation.eval_context())
+    text = evaluation_text(corpus, spec.evaluation.eval_tokens, lead_in=spec.evaluation.lead_in())
     prepare(out, {"spec": spec.to_dict(), "corpus": corpus.describe(), "evaluation_text": text.describe()})
     train_stream = corpus.stream("train")
     distributed.check_divisible(spec.training.batch_size)  # before any training, not when a unit gets there

@@ -67,7 +67,7 @@ def extend(spec: Spec, out: Path | str, *, corpus: Corpus | str = "stdlib", devi
     previous = migrate_config(json.loads(config_path.read_text()))
     device = resolve_device(device)
     corpus = load_corpus(corpus) if isinstance(corpus, str) else corpus
-    text = evaluation_text(corpus, spec.evaluation.eval_tokens, context=spec.evaluation.eval_context())
+    text = evaluation_text(corpus, spec.evaluation.eval_tokens, lead_in=spec.evaluation.lead_in())
     config = json.loads(json.dumps({"schema": SCHEMA_VERSION, "spec": spec.to_dict(), "corpus": corpus.describe(),
                                     "evaluation_text": text.describe()}))
     _check_same_experiment(out, config, previous)

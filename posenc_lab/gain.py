@@ -83,7 +83,7 @@ def gain(model, stream: torch.Tensor, *, length: int, reach: int, blocks: list[i
         raise PosencError(f"block_tokens ({block_tokens}) must be a multiple of the evaluation length ({length})")
     full, limited, far, repeat = [], [], [], []
     for i, offset in enumerate(blocks):
-        kwargs = dict(length=length, tokens=block_tokens, context=offset, batch_size=batch_size, device=device,
+        kwargs = dict(length=length, tokens=block_tokens, lead_in=offset, batch_size=batch_size, device=device,
                       per_target=True, progress=progress)
         a = evaluate(model, stream, desc=f"{desc} {i + 1}/{len(blocks)} full", **kwargs)
         if a["status"] != "ok":

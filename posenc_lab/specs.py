@@ -57,7 +57,7 @@ class EvaluationSpec:
             if length not in self.eval_lengths:
                 raise PosencError(f"sliding length {length} is not one of the evaluation lengths {self.eval_lengths}")
         for length, mode, stride in self.evaluations():  # the window arithmetic must work out everywhere
-            window_plan(self.eval_tokens, length, mode, stride, self.eval_context())
+            window_plan(self.eval_tokens, length, mode, stride, self.lead_in())
 
     def evaluations(self) -> list[tuple[int, str, int | None]]:
         """``(length, mode, stride)`` of every evaluation of a trained model, in order."""
@@ -65,7 +65,7 @@ class EvaluationSpec:
         return [(n, mode, sliding[n] if mode == "sliding" else None) for n in self.eval_lengths for mode in self.modes
                 if mode == "nonoverlapping" or n in sliding]
 
-    def eval_context(self) -> int:
+    def lead_in(self) -> int:
         """Bytes of lead-in before the scored text: enough for every sliding window's ``length - stride``."""
         return max([n - s for n, mode, s in self.evaluations() if mode == "sliding"], default=0)
 

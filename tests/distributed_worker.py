@@ -23,7 +23,7 @@ def evaluate_sharded(out: Path) -> dict:
     distributed.init(torch.device("cpu"), timeout_s=60)
     stream = load_corpus("stdlib").stream("test")
     results = {mode: evaluate(tiny_model(), stream, length=64, tokens=2048, mode=mode, stride=16 if mode == "sliding" else None,
-                              context=48, batch_size=3) for mode in ("nonoverlapping", "sliding")}
+                              lead_in=48, batch_size=3) for mode in ("nonoverlapping", "sliding")}
     distributed.shutdown()
     return results
 

@@ -106,7 +106,7 @@ def test_sharded_evaluation_equals_the_single_process_evaluation_exactly(tmp_pat
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outputs]
     for mode in ("nonoverlapping", "sliding"):  # 48 bytes of lead-in: every sliding target has 48 before it
         alone = evaluate(tiny_model(), stream, length=64, tokens=2048, mode=mode,
-                         stride=16 if mode == "sliding" else None, context=48, batch_size=3)
+                         stride=16 if mode == "sliding" else None, lead_in=48, batch_size=3)
         for result in results:
             shard = result["evaluation"][mode]
             assert shard["tokens"] == alone["tokens"] == 2048

@@ -26,25 +26,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("tokens,length,stride", [(64, 16, 4), (96, 32, 32), (1024, 256, 64), (48, 48, 8)])
 def test_every_mode_scores_each_target_exactly_once(tokens, length, stride):
-    context = length - stride  # enough lead-in for every sliding window
+    lead_in = length - stride  # enough lead-in for every sliding window
     for mode in ("nonoverlapping", "sliding"):
         scored = []
-        for start, first in window_plan(tokens, length, mode, stride, context):
+        for start, first in window_plan(tokens, length, mode, stride, lead_in):
             scored += range(start + first + 1, start + length + 1)
-        assert sorted(scored) == list(range(context + 1, context + tokens + 1))
+        assert sorted(scored) == list(range(lead_in + 1, lead_in + tokens + 1))
 
 
-@pytest.mark.parametrize("tokens,length,stride,context", [(64, 16, 4, 0), (1024, 256, 64, 100), (96, 32, 8, 24)])
-def test_every_sliding_target_sees_at_least_length_minus_stride_bytes(tokens, length, stride, context):
+@pytest.mark.parametrize("tokens,length,stride,lead_in", [(64, 16, 4, 0), (1024, 256, 64, 100), (96, 32, 8, 24)])
+def test_every_sliding_target_sees_at_least_length_minus_stride_bytes(tokens, length, stride, lead_in):
     # Press et al.'s definition: a target at window index i has i earlier bytes in its window
-    plan = window_plan(tokens, length, "sliding", stride, context)
+    plan = window_plan(tokens, length, "sliding", stride, lead_in)
     targets = [(start + i + 1, i) for start, first in plan for i in range(first, length)]
     assert all(i >= length - stride for _, i in targets)
     assert len({t for t, _ in targets}) == len(targets)  # once each
-    missing = max(0, length - stride - context)  # without enough lead-in, the first windows are left out
+    missing = max(0, length - stride - lead_in)  # without enough lead-in, the first windows are left out
     left_out = -(-missing // stride) * stride
-    assert unscored(tokens, length, "sliding", stride, context) == left_out == tokens - len(targets)
-    assert sorted(t for t, _ in targets) == list(range(context + 1 + left_out, context + tokens + 1))
+    assert unscored(tokens, length, "sliding", stride, lead_in) == left_out == tokens - len(targets)
+    assert sorted(t for t, _ in targets) == list(range(lead_in + 1 + left_out, lead_in + tokens + 1))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_evaluate_matches_direct_computation(tiny_model):
     # sliding windows with stride = length are non-overlapping windows
     assert evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=32)["loss"] == pytest.approx(r["loss"])
     # with lead-in, sliding windows score the same targets, each with at least length - stride bytes before it
-    slid = evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=8, context=24)
+    slid = evaluate(tiny_model, stream, length=32, tokens=64, mode="sliding", stride=8, lead_in=24)
     with torch.no_grad():
         manual = torch.cat([tiny_model.token_losses(stream[None, e - 32:e].long(), stream[None, e - 31:e + 1].long())[0, -8:]
                             for e in range(32, 89, 8)])
@@ -76,7 +76,7 @@ def test_per_document_losses_add_up_to_the_total(tiny_model):
     stream = (torch.arange(300) * 11 % 256).to(torch.uint8)
     documents = torch.arange(300) // 37  # eight documents and a bit
     for mode, stride in (("nonoverlapping", None), ("sliding", 8)):
-        r = evaluate(tiny_model, stream, length=32, tokens=128, mode=mode, stride=stride, context=24, documents=documents)
+        r = evaluate(tiny_model, stream, length=32, tokens=128, mode=mode, stride=stride, lead_in=24, documents=documents)
         sums = r["per_document"]
         assert sum(n for _, n in sums.values()) == r["tokens"] == 128
         assert sum(s for s, _ in sums.values()) / 128 == pytest.approx(r["loss"], rel=1e-9)

@@ -45,12 +45,12 @@ def test_committed_models_reproduce_their_committed_numbers(encoding):
     if "evaluation_text" in config:  # the run's own evaluation text: every test file's first bytes, with a lead-in
         from posenc_lab.data import evaluation_text
 
-        text = evaluation_text(corpus, eval_tokens, context=spec.evaluation.eval_context())
+        text = evaluation_text(corpus, eval_tokens, lead_in=spec.evaluation.lead_in())
         assert text.describe() == config["evaluation_text"]  # the same bytes as the run scored
-        stream, context = text.stream, text.context
+        stream, lead_in = text.stream, text.lead_in
     else:
         stream, context = corpus.stream("test"), 0
-    got = evaluate(model, stream, length=train_len, tokens=eval_tokens, mode="nonoverlapping", context=context)
+    got = evaluate(model, stream, length=train_len, tokens=eval_tokens, mode="nonoverlapping", lead_in=lead_in)
     want = next(r for r in rows if r["encoding"] == encoding and r["seed"] == 0 and r["eval_len"] == train_len
                 and r["eval_mode"] == "nonoverlapping")
     assert got["loss"] == pytest.approx(want["loss"], rel=2e-3)  # float16 weights: close, not equal
