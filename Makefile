@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent benchmarks-cpu clean
+.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -125,6 +125,15 @@ results-variants: env
 results-recent: env
 	$(PY) -m posenc_lab run --preset recent-cpu --out runs/recent-cpu
 	$(call commit_run,recent-cpu,documents.csv)
+
+# the gain from context past 512 on recent-cpu's models (every seed's weights in runs/recent-cpu/models)
+results-context-recent: env
+	$(call context_on,recent-cpu,context-recent)
+
+# the digits task (chapter 9's) for FoX, CoPE, SSMax on RoPE and Gemma 3's layers, three seeds
+results-digits-recent: env
+	$(PY) -m posenc_lab retrieval --preset retrieval-digits-recent --out runs/retrieval-digits-recent
+	$(call commit_run,retrieval-digits-recent)
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env

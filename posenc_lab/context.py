@@ -9,8 +9,8 @@ directly of the models whose perplexity the book reports, without retraining the
   attention and with attention limited to the training length;
 * **a passkey inside the language model** (:mod:`posenc_lab.passkey`): a Python assignment planted far back
   and asked for at the end of the window;
-* **attention sinks** (:func:`streaming_losses`): one stream read through a rolling cache of the training
-  length, with and without the first tokens kept.
+* **attention sinks** (:func:`~posenc_lab.streaming.streaming_losses`): one stream read through a rolling cache
+  of the training length, with and without the first tokens kept.
 
 This module holds the run (:class:`ContextSpec`, :func:`run`, :func:`report`) and re-exports the names of the
 two measurement modules (``context.gain``, ``context.passkey_windows``, ``context.gain_table``, ...).
@@ -39,34 +39,7 @@ from .gain import (NGRAM, THRESHOLD, far_context_family, far_repeats, gain, gain
 from .passkey import (DIGIT_BYTES, PASSKEY_DIGITS, PasskeyText, answer_logits, choose, digit_hits,  # noqa: F401
                       passkey_scores, passkey_table, passkey_windows, plant_line, question, statement_lines)
 from .rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
-from .train import autocast, flush_denormals
-
-
-# --------------------------------------------------------------------------------------------- attention sinks
-
-
-@torch.no_grad()
-def streaming_losses(model, tokens: torch.Tensor, *, window: int, sinks: int = 0, device="cpu",
-                     progress: bool = False, desc: str = "stream") -> torch.Tensor:
-    """The loss (nats, float64) of every next token of ``tokens`` (``n`` byte ids) read as one stream through a
-    rolling :class:`~posenc_lab.backends.SinkCache` of the first ``sinks`` tokens and the last ``window``
-    (StreamingLLM, Xiao et al. 2024): ``n - 1`` losses. The first ``sinks + window`` tokens go in one
-    forward pass, the rest one at a time. Positions are the cache's slots, so a relative encoding
-    (RoPE, ALiBi, T5, ...) never meets a distance beyond ``sinks + window``; an absolute one keeps the
-    slot each token had when it entered."""
-    device = torch.device(device)
-    model.eval().to(device)
-    tokens = tokens.long().to(device)
-    caches = model.new_cache(window=window, sinks=sinks)
-    first = min(sinks + window, len(tokens) - 1)
-    out = []
-    with flush_denormals(), autocast(device):
-        logits = model(tokens[None, :first], cache=caches)[0].float()
-        out.append(torch.nn.functional.cross_entropy(logits, tokens[1 : first + 1], reduction="none"))
-        for t in tqdm(range(first, len(tokens) - 1), desc=desc, disable=not progress, leave=False):
-            logits = model(tokens[None, t : t + 1], cache=caches)[0].float()
-            out.append(torch.nn.functional.cross_entropy(logits, tokens[t + 1 : t + 2], reduction="none"))
-    return torch.cat(out).double().cpu()
+from .streaming import streaming_losses
 
 
 # --------------------------------------------------------------------------------------------- the runner
@@ -147,6 +120,11 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
                                     notes="the gain from context past 512 bytes on the variants-cpu models (chapter "
                                           "12), every seed, no retraining; no passkey (article-cpu's budget teaches "
                                           "no model to copy one) and no streams"),
+    "context-recent": ContextSpec(preset="context-recent", run="recent-cpu",
+                                  encodings=("fox", "ssmax-rope", "gemma3", "cope", "ssmax", "fope", "nope-temp", "irope",
+                                             "rnope-swa"), strategies=("none",), passkey_multiples=(), sink_encodings=(),
+                                  notes="the gain from context past 512 bytes on the recent-cpu models (the methods "
+                                        "of 2024-26), every seed, no retraining; no passkey and no streams"),
 }
 
 

@@ -165,6 +165,11 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                           notes="five digits copied in order (one shared alphabet), trained at 128 "
                                                 "bytes for 4,000 steps (1,000 do not teach it), judged at 1x to 8x, "
                                                 "the article's encodings, three seeds; about 75 minutes"),
+    "retrieval-digits-recent": RetrievalSpec(preset="retrieval-digits-recent", task="digits",
+                                             encodings=("fox", "cope", "ssmax-rope", "gemma3"), seeds=(0, 1, 2),
+                                             training=replace(TRAINING, steps=4000), trials=100,
+                                             notes="retrieval-digits-cpu's task, recipe and judgement for FoX, CoPE, "
+                                                   "SSMax on RoPE and Gemma 3's local/global layers, three seeds"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
                                             encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
                                             model=replace(MODEL, tie_embeddings=False),
