@@ -9,7 +9,10 @@ For query ``i`` and key ``j <= i`` of one head (``d`` the head dimension):
     logit_ij = q_i . k_j / sqrt(d) + q_i . e[p_ij]
 
 ``e[0 .. P-1]`` are learned position embeddings of the head dimension, shared by the heads of a layer (each head
-counts with its own gates). Every gate at 1 gives ``p_ij = i - j + 1``: a relative position embedding. The bias
+counts with its own gates). This is the paper's listing: the gates read the logits scaled by ``1 / sqrt(d)`` and
+``q_i . e[p_ij]`` is added unscaled. The authors' released code, by default, adds ``q_i . e[p_ij]`` before the
+division by ``sqrt(d)`` (so the term is ``q_i . e[p_ij] / sqrt(d)``, and the gates read the unscaled logits); the
+two are one model up to the scale of ``e``, but Adam moves an unscaled term ``sqrt(d)`` times faster. Every gate at 1 gives ``p_ij = i - j + 1``: a relative position embedding. The bias
 depends on the queries and keys, so the attention backends compute it from them
 (:meth:`~posenc_lab.encodings.Encoding.token_bias`); the keys a query does not see have gate 0.
 """
@@ -84,7 +87,8 @@ class CoPE(CoPELayer):
     """CoPE, contextual position encoding (Golovneva et al. 2024), every layer with its own position embeddings
     (:class:`CoPELayer`). This object holds the first layer's, and ``n_layer - 1`` more, which :meth:`for_layer`
     hands to the other layers; alone (outside a model) it is the first layer's. ``npos_max``: the number of
-    position embeddings, the cap of ``p`` plus one (the paper caps positions at a small number; 64 here).
+    position embeddings, the cap of ``p`` plus one: 64 is the package's choice (a count past 63 gates is read as 63,
+so no position is unseen at any length); the released code's default is the block size plus one.
     """
 
     variant_of = "t5"  # a learned relative term per (contextual) distance, capped as T5 caps its buckets

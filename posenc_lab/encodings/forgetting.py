@@ -50,7 +50,10 @@ class FoXLayer(Encoding):
     """One layer's forget gates (Lin et al. 2025): ``f_t = sigmoid(w_f . x_t + b_f)``, one scalar per head and token,
     read from the layer's input by :meth:`~posenc_lab.encodings.Encoding.decay`. ``w_f`` starts normal with standard deviation 0.02 and ``b_f`` at
     ``gate_bias`` (0: the paper's code initialises its data-dependent gate as any linear layer, so every gate starts
-    near 1/2). Causal attention only: ``D_ij`` sums the gates between a key and a later query."""
+    near 1/2). Causal attention only: ``D_ij`` sums the gates between a key and a later query. The gate is the whole
+    position signal, as in the paper's basic FoX (no RoPE beside it); "FoX (Pro)"'s output gate, output norm,
+    QK-norm and key/value shift are not position encodings and are not built here. Like every encoding parameter,
+    ``w_f`` takes no weight decay here (the authors' code decays it and exempts ``b_f`` only)."""
 
     name, hook = "fox", "decay"
     reads_tokens = True

@@ -30,8 +30,10 @@ def fope_coefficients(kept: int, sigma: float, *,
     """The two ``K x K`` coefficient matrices ``(A, B)`` of FoPE's series, ``A[k, j]`` weighting ``cos(theta_k m)`` and
     ``B[k, j]`` weighting ``sin(theta_k m)`` in pair ``j``: each the identity (pair ``j``'s own frequency with weight
     1) plus independent normal draws of standard deviation ``sigma sqrt(2 / (K + K)) = sigma / sqrt(K)``
-    (Xavier-normal with gain ``sigma``, the initialisation of the authors' released configurations), float64.
-    ``sigma = 0`` gives the identity: RoPE's own rotation."""
+    (Xavier-normal with gain ``sigma`` on one ``K x K`` matrix), float64. ``sigma = 0`` gives the identity: RoPE's
+    own rotation. The authors' released code draws one ``K x K`` matrix per head, as one Xavier-normal tensor whose
+    fans count the heads too, so its draws are smaller: about ``0.043`` against ``sigma / sqrt(K) = 0.106`` here for
+    ``sigma = 0.3``, ``K = 8`` and 4 heads (head dimension 32, ``L = 512``)."""
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= 0 or not math.isfinite(sigma):
         raise PosencError(f"FoPE's sigma must be a finite number >= 0, got {sigma!r}")
     std = sigma / math.sqrt(kept) if kept else 0.0
@@ -76,8 +78,10 @@ class FoPE(Encoding):
 
     With ``sigma = 0`` and ``clip=False`` this is RoPE; with ``sigma = 0`` and clipping, p-RoPE with the kept
     pairs. With ``sigma > 0`` a score is no longer a function of ``m - n`` alone. Unlike the authors' code,
-    ``A`` and ``B`` are shared by the heads (so grouped-query keys are served), and a clipped pair is left
-    exactly as it is (``C = 1, S = 0``, the zero frequency's own rotation).
+    ``A`` and ``B`` are shared by the heads (so grouped-query keys are served) and drawn with a larger spread (see
+    :func:`fope_coefficients`), a clipped pair is left exactly as it is (``C = 1, S = 0``, the zero frequency's own
+    rotation; the released code sets both its cosine and its sine to 1), and the ``K`` kept frequencies always
+    feed ``K`` pairs (the released code maps them onto ``min(K, d/4)`` pairs; equal here, ``K = d/4 = 8``).
     """
 
     name, hook, variant_of = "fope", "rotate", "rope"

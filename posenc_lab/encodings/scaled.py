@@ -61,7 +61,8 @@ class SSMax(Encoding):
     head and layer). ``s_init`` defaults to ``1 / log L`` (:func:`initial_s`), at which ``s log n = 1`` at the
     training length ``n = L``: at initialisation the model attends at ``L`` as with plain softmax, less sharply
     before and more sharply past it, and training moves ``s`` from there. (This is a choice of the package, not
-    a value from the paper, whose Figure 1 illustrates SSMax with ``s = 0.43``.)
+    a value from the paper, whose Figure 1 illustrates SSMax with ``s = 0.43``. At this ``s`` the factor is
+    ``log_L n``, Qwen's fixed "logn" query scaling without its floor of 1 below ``L``.)
     """
 
     name, hook, variant_of = "ssmax", "rotate", "nope"
