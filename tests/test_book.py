@@ -26,8 +26,8 @@ def cells(path):
     return [(c.cell_type, c.source.strip()) for c in nb.cells]
 
 
-def test_there_are_twelve_chapters_and_all_are_in_the_toc():
-    assert len(NOTEBOOKS) == 12
+def test_there_are_thirteen_chapters_and_all_are_in_the_toc():
+    assert len(NOTEBOOKS) == 13
     toc = (ROOT / "_toc.yml").read_text()
     for stem in CHAPTERS:
         assert f"notebooks/{stem}" in toc
