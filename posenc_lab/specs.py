@@ -130,7 +130,7 @@ class Spec(Composed):
             raise PosencError("an experiment needs at least one encoding, seed, evaluation length and mode")
         if tune.finetune and (tune.finetune_steps <= 0 or tune.finetune_len <= model.train_len):
             raise PosencError("fine-tuning needs --finetune-steps > 0 and --finetune-len longer than the training length")
-        if (model.d_model // model.n_head) % 2 and any(ENCODINGS[n].hook == "rotate" for n in self.encodings):
+        if (model.d_model // model.n_head) % 2 and any(ENCODINGS[n].rotates_pairs for n in self.encodings):
             raise PosencError(f"RoPE and xPos rotate pairs: the head dimension d_model / n_head = "
                               f"{model.d_model // model.n_head} must be even")
 
@@ -241,7 +241,7 @@ PRESETS["variants-cpu"] = PRESETS["article-cpu"].override(
 
 # the methods of 2024-26 with article-cpu's model, recipe and evaluation, three seeds each: their baselines (plain
 # RoPE with and without YaRN, ALiBi, NoPE) are article-cpu's own units, trained on the same batches and bytes. The
-# issue's core four (FoX, SSMax on RoPE, a local/global mix, CoPE) come first, so a run cut short compares them.
+# four core methods (FoX, SSMax on RoPE, a local/global mix, CoPE) come first, so a run cut short compares them.
 PRESETS["recent-cpu"] = PRESETS["article-cpu"].override(
     preset="recent-cpu",
     encodings=("fox", "ssmax-rope", "gemma3", "cope", "ssmax", "fope", "nope-temp", "irope", "rnope-swa"),

@@ -522,3 +522,9 @@ def test_jobs_from_main_hand_the_units_the_arguments_given_to_main(tmp_path, cap
     assert main(args) == 0
     assert "nope:0 done" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "units").iterdir()) == ["nope-s0.json", "nope-s1.json"]
+
+
+def test_an_odd_head_dimension_is_refused_only_by_encodings_that_rotate_pairs():
+    assert experiment.preset("ci", encodings=("ssmax", "nope-temp"), d_model=36, n_head=4).model.d_model == 36
+    with pytest.raises(PosencError, match="must be even"):
+        experiment.preset("ci", encodings=("ssmax-rope",), d_model=36, n_head=4)

@@ -1,7 +1,7 @@
 """The tables a forward pass shares (``Encoding.tables``) are built from the encoding as it is now.
 
-Nothing is kept from one call to the next, so every way a user can change what the answer depends
-on is seen at once: parameter writes by each route (``.data``, ``vector_to_parameters``,
+Only the masks of an evaluation pass are kept for the next one (``Encoding.kept_masks``, tested at the end); every
+way a user can change what the answer depends on is seen at once: parameter writes by each route (``.data``, ``vector_to_parameters``,
 ``load_state_dict``, an optimizer step), new parameters, ``functional_call`` with fresh weights,
 positions edited in place, attributes set directly, ``set_scaling``, dtype round trips, inference
 and grad mode. Each test compares with a fresh copy of the encoding (or a freshly built model)
@@ -387,3 +387,44 @@ def test_loading_weights_drops_the_kept_masks():
     assert model.encoding._kept is not None
     model.load_state_dict(gpt("t5").state_dict())
     assert model.encoding._kept is None
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_kept_masks_see_every_change_a_direct_call_sees(name):
+    """Each plain attribute and buffer set directly (the changes a direct call sees above) reaches the next evaluation
+    pass too: its output equals that of a pass that builds everything afresh."""
+    model, changed = gpt(name).eval(), False
+    ids = torch.randint(0, 256, (2, 200), generator=torch.Generator().manual_seed(6))  # distances past T5's exact buckets
+    with torch.no_grad():
+        for p in model.encoding.parameters():  # a T5 table starts at zero, where every bucket reads the same
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+        before = model(ids)
+        for path, attr, value in ATTRIBUTES[name]:
+            module = model.encoding.get_submodule(path)
+            if callable(value):
+                value(getattr(module, attr))
+            else:
+                setattr(module, attr, value.clone() if isinstance(value, torch.Tensor) else value)
+            kept = model(ids)
+            changed |= not torch.equal(kept, before)
+            model.encoding.forget_masks()
+            torch.testing.assert_close(kept, model(ids), rtol=0, atol=0, msg=f"{path}.{attr}")
+    assert changed or name == "fire"  # FIRE's CHUNK changes how its bias is computed, not its values
+
+
+def test_masks_kept_in_inference_mode_serve_no_gradient_pass():
+    model, ids = gpt("alibi").eval(), IDS[:, :TRAIN_LEN]
+    with torch.inference_mode():
+        model(ids)
+    model(ids).sum().backward()  # masks built in inference mode cannot be saved for backward: rebuilt
+
+
+def test_a_new_parameter_rebuilds_the_kept_masks_and_training_releases_them():
+    model, ids = gpt("t5").eval(), IDS[:, :TRAIN_LEN]
+    with torch.no_grad():
+        model(ids)
+        model.encoding.table.extra = nn.Parameter(torch.zeros(3))
+        model(ids)
+        assert model.encoding._kept is not None
+        model.train()(ids)
+    assert model.encoding._kept is None  # nothing held through training

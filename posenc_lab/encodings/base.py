@@ -31,8 +31,9 @@ class Tables:
     (its mask, in the form the backend consumes), built by the first layer that asks, as Hugging Face's T5
     hands the first layer's ``position_bias`` to the others. Only one thing outlives a forward pass: in
     evaluation, a bias encoding keeps the masks of its last forward pass for the next one over the same
-    positions (:meth:`Encoding.kept_masks`, keyed by everything they depend on); everything else is built
-    afresh, so a parameter updated between two training passes is read by the next.
+    positions (:meth:`Encoding.kept_masks`, keyed by the positions, the dtype and the encoding's parameters,
+    buffers and settings); everything else is built afresh, so a parameter updated between two training passes
+    is read by the next.
     """
 
     def __init__(self, encoding: "Encoding", positions: torch.Tensor, rotation: tuple | None = None,
@@ -105,22 +106,35 @@ class Encoding(nn.Module):
         about a third of the time of a forward pass at ``n = 4096``.
 
         Kept only in evaluation (``eval()`` mode, no gradient into a parameter, not under ``torch.compile``) for
-        consecutive positions; the key holds everything the masks depend on: the first position, the length, the
-        device, the dtype, and the values of the encoding's parameters (compared, so that a write by any route,
-        ``.data`` included, is seen). :meth:`forget_masks` drops it; ``load_state_dict`` and
-        :meth:`RoPE.set_scaling` call it. ``None`` (nothing kept) otherwise."""
+        consecutive positions; training mode or gradients drop what was kept. The key holds everything the masks
+        depend on: the first position, the length, the device, the dtype, whether inference mode is on, the values
+        of the encoding's parameters and buffers (compared, so that a write by any route, ``.data`` included, is
+        seen) and its plain settings and those of its submodules (numbers, flags, names: :meth:`settings`).
+        :meth:`forget_masks` drops it; ``load_state_dict`` and :meth:`RoPE.set_scaling` call it. ``None`` (nothing
+        kept) otherwise."""
         if (not self.has_bias or self.training or self.needs_grad() or torch.compiler.is_compiling()
                 or positions.dim() != 1 or not positions.numel()):
+            self._kept = None
             return None
         n = positions.shape[-1]
         if int(positions[-1] - positions[0]) != n - 1 or not bool((positions.diff() == 1).all()):
             return None
-        key = (int(positions[0]), n, positions.device, dtype)
-        values = [p.detach().clone() for p in self.parameters()]  # a few hundred numbers at most
-        if (self._kept is None or self._kept[0] != key
-                or not all(torch.equal(a, b) for a, b in zip(self._kept[1], values, strict=True))):
+        key = (int(positions[0]), n, positions.device, dtype, torch.is_inference_mode_enabled(), self.settings())
+        values = [t.detach().clone() for t in (*self.parameters(), *self.buffers())]  # a few hundred numbers at most
+        if (self._kept is None or self._kept[0] != key or len(self._kept[1]) != len(values)
+                or not all(torch.equal(a, b) for a, b in zip(self._kept[1], values))):
             self._kept = (key, values, {})
         return self._kept[2]
+
+    def settings(self) -> tuple:
+        """The plain settings of the encoding and of its submodules: every public attribute that is a number, a flag, a
+        name or a tuple of them (T5's ``num_buckets``, ``max_distance``, ``bidirectional``, ...), as
+        ``(module, attribute, value)``."""
+        plain = (bool, int, float, str, type(None))
+        return tuple((name, key, value) for name, module in self.named_modules()
+                     for key, value in sorted(vars(module).items())
+                     if not key.startswith("_") and (isinstance(value, plain) or (
+                         isinstance(value, tuple) and all(isinstance(v, plain) for v in value))))
 
     def forget_masks(self) -> None:
         """Drop the masks :meth:`kept_masks` keeps (their memory too)."""
@@ -150,6 +164,9 @@ class Encoding(nn.Module):
     #: whether a key/value cache can serve the encoding (not when every step re-rotates every key)
     cacheable = True
 
+    #: whether the encoding rotates pairs of a head's coordinates (RoPE, xPos, FoPE and their kin): the head
+    #: dimension must then be even
+    rotates_pairs = False
     #: whether the encoding gives positions only up to a fixed table (the learned absolute one): a model cannot then
     #: score windows longer than its training length
     bounded = False

@@ -88,7 +88,7 @@ class CoPE(CoPELayer):
     (:class:`CoPELayer`). This object holds the first layer's, and ``n_layer - 1`` more, which :meth:`for_layer`
     hands to the other layers; alone (outside a model) it is the first layer's. ``npos_max``: the number of
     position embeddings, the cap of ``p`` plus one: 64 is the package's choice (a count past 63 gates is read as 63,
-so no position is unseen at any length); the released code's default is the block size plus one.
+    so no position is unseen at any length); the released code's default is the block size plus one.
     """
 
     variant_of = "t5"  # a learned relative term per (contextual) distance, capped as T5 caps its buckets

@@ -85,6 +85,7 @@ class FoPE(Encoding):
     """
 
     name, hook, variant_of = "fope", "rotate", "rope"
+    rotates_pairs = True
     shape = {"head_dim": "head_dim", "train_len": "train_len"}
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, sigma: float = 0.3, clip: bool = True,

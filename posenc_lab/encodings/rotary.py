@@ -34,6 +34,7 @@ class RoPE(Encoding):
     """
 
     name, hook = "rope", "rotate"
+    rotates_pairs = True
     has_strategies = True
 
     def __init_subclass__(cls, **kwargs):
@@ -248,6 +249,7 @@ class XPos(Encoding):
     """
 
     name, hook = "xpos", "rotate"
+    rotates_pairs = True
     shape = {"head_dim": "head_dim"}
     noncausal = False  # its decay zeta^((m - n) / tau) would grow without bound for keys after the query
 

@@ -117,6 +117,7 @@ class SSMaxRoPE(SSMax):
     """
 
     name, variant_of = "ssmax-rope", "rope"
+    rotates_pairs = True
     shape = {"head_dim": "head_dim", "num_heads": "num_heads", "train_len": "train_len"}
 
     def __init__(self, head_dim: int, *, num_heads: int, train_len: int, s_init: float | None = None, **rope_options):
