@@ -98,7 +98,8 @@ def _setting(df: pd.DataFrame, mode: str, judged_len: int):
     n = judged_len if judged_len in lengths else lengths[-1]
     labels = sorted(name for name in df["label"].unique() if "+ft" not in name)
     runs = [name for name in labels if not seed_values(df, mode, name, n).isna().all()]
-    encodings = [name for name in runs if not name.startswith("rope/") or name == "rope/none"]
+    # one label per encoding: the label without a strategy, or with the strategy "none" (the model as trained)
+    encodings = [name for name in runs if name.partition("/")[2] in ("", "none")]
     return df, lengths, int(df["train_len"].iloc[0]), n, runs, encodings
 
 

@@ -141,9 +141,14 @@ def trained_as(encoding: str, config: dict) -> str:
     config) record no evaluation text, so nothing in their config tells the two apart: they keep their name
     (every committed retrieval run with weights trained today's ``sinusoidal``; an older retrieval folder needs
     ``sinusoidal-small`` by hand). The rows of such a run keep the name it was run under."""
-    if encoding == "sinusoidal" and "evaluation_text" not in config and "task" not in config:
-        return "sinusoidal-small"
+    if "evaluation_text" not in config and "task" not in config:
+        return _TRAINED_BEFORE_EVALUATION_TEXT.get(encoding, encoding)
     return encoding
+
+
+#: the encodings whose recipe differs in a run whose config records no evaluation text: the name such a run trained
+#: under -> the registered encoding that reproduces it
+_TRAINED_BEFORE_EVALUATION_TEXT = {"sinusoidal": "sinusoidal-small"}
 
 
 def migrate_unit(record: dict) -> dict:
