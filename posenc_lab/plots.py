@@ -33,7 +33,7 @@ _SECOND = ("rope-partial", "p-rope", "rope-b500", "rope-b500k", "rope-nope", "ro
            "rope/llama3", "rope/llama3+ft")
 _ORDER = list(_FIRST) + [f"rope/{s}" for s in _FIRST_SCALINGS] + [f"rope/{s}+ft" for s in _FIRST_SCALINGS]
 _ORDER += list(_SECOND)
-_ORDER += [n for n in ENCODINGS if n != "rope" and n not in _ORDER]
+_ORDER += [n for n in ENCODINGS if not ENCODINGS[n].has_strategies and n not in _ORDER]  # RoPE: its strategies below
 _ORDER += [f"rope/{s}{ft}" for ft in ("", "+ft") for s in ROPE_SCALINGS if f"rope/{s}{ft}" not in _ORDER]
 
 
