@@ -184,13 +184,18 @@ def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, rea
     _check_batch(cache, k)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
+    return _BACKEND_FNS[backend](*_sink_step(q, k, v, encoding, cache), causal, reach)
+
+
+def _sink_step(q, k, v, encoding, cache: SinkCache) -> tuple:
+    """The new tokens appended to a :class:`SinkCache` and every cached key rotated anew at its slot: ``(q, k, v,
+    encoding, q_pos, k_pos)`` as a backend takes them, keys and values repeated for the query heads."""
     k_all, v_all = cache.append(k, v)
     k_pos = torch.arange(k_all.shape[-2], device=q.device)
     q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
     q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
     heads = q.shape[1]
-    return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos,
-                                 causal, reach)
+    return q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos
 
 
 def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables, chunk=None):
@@ -272,10 +277,4 @@ def _attend_tokens_sink(q, k, v, encoding, backend, cache: SinkCache, reach, dec
     _check_batch(cache, k)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
-    k_all, v_all = cache.append(k, v)
-    k_pos = torch.arange(k_all.shape[-2], device=q.device)
-    q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
-    q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
-    heads = q.shape[1]
-    return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos, True,
-                                  reach)
+    return TOKEN_BACKENDS[backend](*_sink_step(q, k, v, encoding, cache), True, reach)

@@ -204,12 +204,16 @@ def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, re
     return create_block_mask(within, None, None, nq, nk, device=str(q_pos.device))
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
-    nq, nk = q.shape[-2], k.shape[-2]
+def flex_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach=None, chunk=None):
+    """FlexAttention's block mask of the keys each query sees: within ``reach`` and its ``chunk`` where given, else
+    the causal one (None: every key)."""
     if reach is not None or chunk is not None:
-        block_mask = _reach_block_mask(q_pos, k_pos, causal, reach, chunk)
-    else:
-        block_mask = _causal_block_mask(nq, nk, str(q.device)) if causal else None
+        return _reach_block_mask(q_pos, k_pos, causal, reach, chunk)
+    return _causal_block_mask(q_pos.shape[-1], k_pos.shape[-1], str(q_pos.device)) if causal else None
+
+
+def _flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, tables=None, chunk=None):
+    block_mask = flex_block_mask(q_pos, k_pos, causal, reach, chunk)
     mod = score_mod(encoding, q_pos, k_pos)
     fn = _flex_fn(q.device.type)
     key = f"{encoding.name}@{q.device}"

@@ -116,11 +116,7 @@ def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k):
 def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
     """FlexAttention with :func:`token_score_mod` and the causal (or within-reach) block mask; on CUDA, compiled, with
     :func:`sdpa` as the fallback when no kernel compiles."""
-    nq, nk = q.shape[-2], k.shape[-2]
-    if reach is not None:
-        block_mask = kernels._reach_block_mask(q_pos, k_pos, causal, reach)
-    else:
-        block_mask = kernels._causal_block_mask(nq, nk, str(q.device)) if causal else None
+    block_mask = kernels.flex_block_mask(q_pos, k_pos, causal, reach)
     mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k)
     fn = kernels._flex_fn(q.device.type)
     if q.device.type != "cuda":
