@@ -13,6 +13,7 @@ from posenc_lab import KVCache, PosencError, attention, make_encoding
 from posenc_lab.encodings import PRIMARY, strategies_of
 from posenc_lab.encodings.fourier import floor_frequency
 from posenc_lab.encodings.scaled import ssmax_factor
+from posenc_lab.model import GPT, GPTConfig
 
 B, H, D, L = 2, 4, 16, 32
 BACKENDS = ["reference", "sdpa"] + (["flex"] if pl.backends.flex_available(torch.device("cpu")) else [])
@@ -106,6 +107,65 @@ def test_ssmax_attention_is_softmax_of_s_log_n_times_z_on_every_backend(name, ba
     with torch.no_grad():
         got = attention(q.float(), k.float(), v.float(), enc, backend=backend, positions=p)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def keys_seen_by_hand(p, reach=None, chunk=None):
+    """How many keys ``j <= p_i`` the query at ``p_i`` may attend to, counted one by one over the positions."""
+    counts = []
+    for i, pi in enumerate(p.tolist()):
+        counts.append(sum(1 for pj in p[: i + 1].tolist()
+                          if (reach is None or pi - pj < reach) and (chunk is None or pi // chunk == pj // chunk)))
+    return torch.tensor(counts, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("reach, chunk", [(8, None), (None, 16), (5, 16), (100, None)])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["ssmax", "ssmax-rope"])
+def test_ssmax_counts_only_the_keys_a_window_or_chunk_leaves(name, backend, reach, chunk):
+    """Under a sliding window (``reach=W``) or chunks the query sees fewer keys than ``p + 1``; ``n`` in ``s log n``
+    is the number it sees, counted by hand, and the softmax runs over those keys alone, written out in float64."""
+    enc, n = ssmax(name), 40
+    with torch.no_grad():
+        enc.s.copy_(torch.tensor([0.2, 0.5, 1.0, 1.7]))
+    q, k, v = qkv(n)
+    p = torch.arange(n)
+    qr, kr = (rope_by_hand(q, p.double()), rope_by_hand(k, p.double())) if name == "ssmax-rope" else (q, k)
+    z = qr @ kr.transpose(-1, -2) / math.sqrt(D)
+    seen = keys_seen_by_hand(p, reach, chunk)
+    scale = enc.s.detach().double()[:, None, None] * torch.log(seen)[:, None]
+    i, j = p[:, None], p[None, :]
+    hidden = (j > i) | ((i - j >= reach) if reach else False) | ((i // chunk != j // chunk) if chunk else False)
+    want = (scale * z).masked_fill(hidden, float("-inf")).softmax(-1) @ v
+    with torch.no_grad():
+        got = attention(q.float(), k.float(), v.float(), enc, backend=backend, reach=reach, chunk=chunk)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_ssmax_under_a_window_through_a_cache_and_a_model_equals_one_pass():
+    """The count reaches the factor through every path: a key/value cache with ``reach``, and a model's
+    ``forward(reach=W)``, whose queries past ``W`` are scaled by ``s log W`` (not ``s log(p + 1)``)."""
+    enc, n, w = ssmax("ssmax-rope"), 3 * L, L
+    q, k, v = qkv(n, dtype=torch.float32)
+    cache = KVCache()
+    with torch.no_grad():
+        whole = attention(q, k, v, enc, backend="sdpa", reach=w)
+        parts = [attention(q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], enc, cache=cache, reach=w)
+                 for i in range(n)]
+        uncounted = attention(q, k, v, enc.inner, backend="sdpa", reach=w)
+    torch.testing.assert_close(torch.cat(parts, dim=2), whole, rtol=1e-5, atol=1e-5)
+    factor = ssmax_factor(enc.s.detach(), torch.arange(n), reach=w)
+    torch.testing.assert_close(factor[:, w:], factor[:, w - 1:w].expand(H, n - w))
+    assert not torch.allclose(whole, uncounted)
+    # one layer of SSMax on NoPE: the last query's logits read only the keys it sees and how many there are, so with
+    # reach=W it attends as the same model run on its last W bytes alone, where that query sees W keys causally
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="ssmax", n_layer=1, n_head=H, d_model=H * D, train_len=L, vocab_size=32)).eval()
+    with torch.no_grad():
+        model.encoding.s.copy_(torch.tensor([0.2, 0.5, 1.0, 1.7]))
+        idx = torch.randint(0, 32, (1, n), generator=torch.Generator().manual_seed(1))
+        windowed, full, last_w = model(idx, reach=w), model(idx), model(idx[:, -w:])
+    torch.testing.assert_close(windowed[:, -1], last_w[:, -1], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(windowed[:, -1], full[:, -1], atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["ssmax", "ssmax-rope"])

@@ -144,9 +144,24 @@ def attention(
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form{encoding.noncausal_hint}: use causal=True")
     backend = choose_backend(encoding, q.device) if backend == "auto" else backend
     _check_flex(backend, q.device)
-    q, k = encoding.rotate(q, k, positions, tables)
+    q, k = _rotate(encoding, q, k, positions, tables, reach, chunk)
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     return _BACKEND_FNS[backend](q, k, v, encoding, positions, positions, causal, reach, tables, chunk=chunk)
+
+
+def _rotate(encoding, q, k, positions, tables, reach=None, chunk=None):
+    """The encoding's ``rotate`` hook, handed the ``reach`` and ``chunk`` this call applies when it counts the keys
+    each query sees (``counts_keys``: SSMax's ``log n``)."""
+    if encoding.counts_keys:
+        return encoding.rotate(q, k, positions, tables, reach=reach, chunk=chunk)
+    return encoding.rotate(q, k, positions, tables)
+
+
+def _rotate_query(encoding, q, positions, tables, reach=None, chunk=None):
+    """``rotate_one`` of the queries, handed ``reach`` and ``chunk`` as :func:`_rotate` does."""
+    if encoding.counts_keys:
+        return encoding.rotate_one(q, positions, "q", tables, reach=reach, chunk=chunk)
+    return encoding.rotate_one(q, positions, "q", tables)
 
 
 def _check_options(backend: str, reach, encoding: Encoding, chunk) -> tuple[int | None, int | None]:
@@ -184,16 +199,16 @@ def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, rea
     _check_batch(cache, k)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
-    return _BACKEND_FNS[backend](*_sink_step(q, k, v, encoding, cache), causal, reach)
+    return _BACKEND_FNS[backend](*_sink_step(q, k, v, encoding, cache, reach, chunk), causal, reach)
 
 
-def _sink_step(q, k, v, encoding, cache: SinkCache) -> tuple:
+def _sink_step(q, k, v, encoding, cache: SinkCache, reach=None, chunk=None) -> tuple:
     """The new tokens appended to a :class:`SinkCache` and every cached key rotated anew at its slot: ``(q, k, v,
     encoding, q_pos, k_pos)`` as a backend takes them, keys and values repeated for the query heads."""
     k_all, v_all = cache.append(k, v)
     k_pos = torch.arange(k_all.shape[-2], device=q.device)
     q_pos = k_pos[k_all.shape[-2] - q.shape[-2]:]
-    q, k_all = encoding.rotate_one(q, q_pos, "q"), encoding.rotate_one(k_all, k_pos, "k")
+    q, k_all = _rotate_query(encoding, q, q_pos, None, reach, chunk), encoding.rotate_one(k_all, k_pos, "k")
     heads = q.shape[1]
     return q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos
 
@@ -217,7 +232,7 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
     _check_flex(backend, q.device)
     _check_batch(cache, k, " (model.new_cache())")
-    q = encoding.rotate_one(q, positions, "q", tables)
+    q = _rotate_query(encoding, q, positions, tables, reach, chunk)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     heads = q.shape[1]
     return _BACKEND_FNS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
@@ -255,12 +270,12 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
                           for i in range(q.shape[0])])
     heads = q.shape[1]
     if cache is None:
-        q, k = encoding.rotate(q, k, positions, tables)
+        q, k = _rotate(encoding, q, k, positions, tables, reach)
         sums = None if decay is None else forget_sums(decay)
         return TOKEN_BACKENDS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions,
                                       causal, reach, sums, sums)
     _check_batch(cache, k, " (model.new_cache())")
-    q = encoding.rotate_one(q, positions, "q", tables)
+    q = _rotate_query(encoding, q, positions, tables, reach)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     c_q, c_k = (None, None) if decay is None else cache.continue_sums(decay)
     return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
@@ -277,4 +292,4 @@ def _attend_tokens_sink(q, k, v, encoding, backend, cache: SinkCache, reach, dec
     _check_batch(cache, k)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
-    return TOKEN_BACKENDS[backend](*_sink_step(q, k, v, encoding, cache), True, reach)
+    return TOKEN_BACKENDS[backend](*_sink_step(q, k, v, encoding, cache, reach), True, reach)

@@ -77,6 +77,9 @@ class Encoding(nn.Module):
     #: query's own chunk of ``C`` positions (``floor(i / C) == floor(j / C)``); None: every key
     window: int | None = None
     chunk: int | None = None
+    #: True when the ``rotate`` hook reads how many keys each query sees (SSMax's ``log n``): attention then hands
+    #: ``rotate`` and ``rotate_one`` the ``reach`` and ``chunk`` it applies, as keywords
+    counts_keys = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` is ``b n d_model``; returns the embeddings with position information added."""

@@ -23,20 +23,27 @@ from .base import Encoding, NoPE, Tables
 from .rotary import RoPE
 
 
-def causal_key_counts(positions: torch.Tensor) -> torch.Tensor:
-    """``n(p) = p + 1`` in float64 (shape of ``positions``): the keys a query at position ``p`` sees under causal
-    attention over positions ``0 .. p``."""
-    return positions.to(torch.float64) + 1
+def causal_key_counts(positions: torch.Tensor, reach: int | None = None, chunk: int | None = None) -> torch.Tensor:
+    """The keys a query at position ``p`` sees under causal attention, in float64 (shape of ``positions``):
+    ``p + 1`` over positions ``0 .. p``; ``p mod C + 1`` when attention stays within chunks of ``C`` positions
+    (``chunk=C``); and at most ``W`` when it keeps only the keys less than ``W`` positions back (``reach=W``)."""
+    n = positions.to(torch.float64)
+    if chunk is not None:
+        n = torch.remainder(n, chunk)
+    n = n + 1
+    return n if reach is None else n.clamp(max=reach)
 
 
-def ssmax_factor(s: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """SSMax's logit factor ``s_h log n(p)`` with ``n(p) = p + 1`` (:func:`causal_key_counts`): ``h n`` for
-    positions ``n``, ``b h n`` for positions ``b n``, in ``s``'s dtype (float32 or better).
+def ssmax_factor(s: torch.Tensor, positions: torch.Tensor, reach: int | None = None,
+                 chunk: int | None = None) -> torch.Tensor:
+    """SSMax's logit factor ``s_h log n(p)``, ``n(p)`` the keys the query at ``p`` sees (:func:`causal_key_counts`:
+    ``p + 1``, or fewer under a ``reach`` or a ``chunk``): ``h n`` for positions ``n``, ``b h n`` for positions
+    ``b n``, in ``s``'s dtype (float32 or better).
 
     At ``n = e^(1/s_h)`` the factor is 1 and head ``h`` attends as plain softmax; past it, more sharply.
     """
     dtype = torch.promote_types(s.dtype, torch.float32)
-    log_n = causal_key_counts(positions).log().to(device=s.device, dtype=dtype)
+    log_n = causal_key_counts(positions, reach, chunk).log().to(device=s.device, dtype=dtype)
     return einsum(s.to(dtype), log_n, "h, ... n -> ... h n")
 
 
@@ -52,10 +59,10 @@ class SSMax(Encoding):
 
     The base's ``rotate`` hook runs first; then each query at position ``p`` of head ``h`` is multiplied by
     ``s_h log n`` (:func:`ssmax_factor`), so that the logits become ``(s_h log n) q_p . k_j / sqrt(d)`` and the
-    softmax over them is the paper's ``softmax((s log n) z)``. ``n = p + 1``, the number of keys the query sees
-    under causal attention; a sliding window of ``W`` keys (``reach=W``) would make it ``min(p + 1, W)``, which
-    this hook does not see: under a window the factor stays ``s_h log(p + 1)``. Non-causal attention, where every
-    query sees all the keys, is refused.
+    softmax over them is the paper's ``softmax((s log n) z)``. ``n`` is the number of keys the query sees:
+    ``p + 1`` under causal attention, ``min(p + 1, W)`` when attention keeps only the last ``W`` keys
+    (``reach=W``), and within chunks the keys of the query's chunk (``counts_keys``: :func:`attention` hands the
+    hook its ``reach`` and ``chunk``). Non-causal attention, where every query sees all the keys, is refused.
 
     ``s`` is one learned scalar per head, shared by the layers as the encoding is (the paper learns one per
     head and layer). ``s_init`` defaults to ``1 / log L`` (:func:`initial_s`), at which ``s log n = 1`` at the
@@ -69,6 +76,7 @@ class SSMax(Encoding):
     shape = {"num_heads": "num_heads", "train_len": "train_len"}
     noncausal = False
     noncausal_hint = " (SSMax counts the n = p + 1 keys a query sees causally)"
+    counts_keys = True
 
     def __init__(self, num_heads: int, *, train_len: int, s_init: float | None = None, inner: Encoding | None = None):
         super().__init__()
@@ -84,11 +92,13 @@ class SSMax(Encoding):
         """The base encoding's rotation tables, served as this encoding's (``s`` is read afresh at every layer)."""
         return Tables(self, positions, rotation=self.inner.tables(positions, dtype).rotation)
 
-    def rotate(self, q, k, positions, tables=None):
-        return self.rotate_one(q, positions, "q", tables), self.rotate_one(k, positions, "k", tables)
+    def rotate(self, q, k, positions, tables=None, *, reach=None, chunk=None):
+        return (self.rotate_one(q, positions, "q", tables, reach=reach, chunk=chunk),
+                self.rotate_one(k, positions, "k", tables))
 
-    def rotate_one(self, x, positions, role, tables=None):
-        """The base's rotation of ``x``; queries (``role="q"``, ``... h n d``) also multiplied by ``s_h log(p + 1)``."""
+    def rotate_one(self, x, positions, role, tables=None, *, reach=None, chunk=None):
+        """The base's rotation of ``x``; queries (``role="q"``, ``... h n d``) also multiplied by ``s_h log n(p)``,
+        ``n(p)`` the keys each sees (``p + 1``, fewer under ``reach`` or ``chunk``: :func:`causal_key_counts`)."""
         if role not in ("q", "k"):
             raise PosencError(f"role must be 'q' or 'k', got {role!r}")
         x = self.inner.rotate_one(x, positions, role, tables)
@@ -97,7 +107,7 @@ class SSMax(Encoding):
         if x.dim() < 3 or x.shape[-3] != self.num_heads:
             raise PosencError(f"SSMax has one s per head ({self.num_heads}); the queries have shape {tuple(x.shape)}")
         compute = torch.promote_types(x.dtype, torch.float32)
-        factor = rearrange(ssmax_factor(self.s.to(compute), positions), "... h n -> ... h n 1")
+        factor = rearrange(ssmax_factor(self.s.to(compute), positions, reach, chunk), "... h n -> ... h n 1")
         return (x.to(compute) * factor).to(x.dtype)
 
     @property
