@@ -85,7 +85,9 @@ STATEMENTS = {
 NAMES = {"nope": "NoPE", "sinusoidal": "the sinusoids", "learned": "the learned table", "rope/none": "RoPE",
          "rope/pi": "RoPE with PI", "rope/ntk": "RoPE with NTK", "rope/dynamic-ntk": "RoPE with dynamic NTK",
          "rope/yarn": "RoPE with YaRN", "alibi": "ALiBi", "t5": "T5", "xpos": "xPos", "kerple": "KERPLE",
-         "fire": "FIRE"}
+         "fire": "FIRE", "ssmax": "SSMax", "ssmax-rope": "SSMax on RoPE", "nope-temp": "Llama 4's temperature",
+         "irope": "iRoPE", "gemma3": "Gemma 3's layers", "rnope-swa": "RNoPE-SWA", "fope": "FoPE", "fox": "FoX",
+         "cope": "CoPE"}
 
 
 def _name(label: str) -> str:
@@ -161,3 +163,41 @@ def mean_loss_at_train_len(rows, labels, *, mode: str = "nonoverlapping") -> flo
     df = frame(rows)
     at = df[(df.eval_mode == mode) & (df.eval_len == df.train_len) & df.label.isin(labels)]
     return float(at["loss"].mean())
+
+
+#: the references every newer method is set against: the flattest classic encoding and RoPE's best strategy
+BASELINES = ("alibi", "rope/yarn")
+
+
+def against_baselines(rows, methods, *, baselines=BASELINES, lengths=None, modes=("nonoverlapping", "sliding"),
+                      alpha: float = ALPHA) -> pd.DataFrame:
+    """Each of ``methods`` against each of ``baselines`` at each length both were evaluated at (``lengths``: a
+    subset), in each mode: :func:`~posenc_lab.report.versus` (a paired t-test over the seeds on the log scale,
+    when both were trained with the same seeds and batches), every row one exploratory family. Adds ``outcome``:
+    ``lower`` or ``higher`` (perplexity against the baseline) where the difference is at least 1 % and survives
+    Benjamini-Hochberg at ``alpha`` over the whole table, ``not resolved`` otherwise."""
+    from .report import versus
+
+    table = versus(rows, [(m, b) for b in baselines for m in methods], mode=modes, lengths=lengths, alpha=alpha)
+    counts = (table["sign"] != "~") & (table["survives"] != "none")
+    outcome = table["sign"].map({"<": "lower", ">": "higher"}).where(counts, "not resolved")
+    return table.assign(outcome=outcome)
+
+
+def against_in_words(table: pd.DataFrame, baseline: str, length: int, mode: str = "nonoverlapping") -> str:
+    """One line of :func:`against_baselines`' table in words: which methods have a lower perplexity than
+    ``baseline`` at ``length`` in ``mode``, which a higher one, and which are not resolved, each lower or higher
+    one with its ratio."""
+    cell = table[(table["b"] == baseline) & (table["eval_len"] == length)]
+    if "mode" in cell:
+        cell = cell[cell["mode"] == mode]
+    if cell.empty:
+        raise ValueError(f"no comparison with {baseline} at {length} in {mode} windows")
+    parts = []
+    for outcome, word in (("lower", "lower"), ("higher", "higher"), ("not resolved", "not resolved")):
+        these = cell[cell["outcome"] == outcome].sort_values("ratio")
+        if these.empty:
+            continue
+        named = [_name(r.a) + ("" if outcome == "not resolved" else f" ({r.ratio:.2f})") for r in these.itertuples()]
+        parts.append(f"{word}: {', '.join(named)}")
+    return f"Against {_name(baseline)} at {length:,}, " + "; ".join(parts) + "."

@@ -66,6 +66,9 @@ _DISTINCT = {
     "rope/pi": "#9467bd", "rope/ntk": "#000000", "rope/dynamic-ntk": "#17becf", "rope/yarn": "#e377c2",
     "rope/llama3": "#7f7f00", "xpos": "#8c564b", "kerple": "#bcbd22", "fire": "#393b79", "learned": "#aa3377",
     "sinusoidal-small": "#ffbb78",
+    # the methods of 2024-26, drawn beside ALiBi, RoPE and YaRN (chapter 13)
+    "fox": "#d95f02", "cope": "#7570b3", "ssmax": "#a6761d", "ssmax-rope": "#1b9e77", "fope": "#e6ab02",
+    "nope-temp": "#666666", "irope": "#8e0152", "gemma3": "#01665e", "rnope-swa": "#5e3c99",
 }
 _SPARE = ("#66a61e", "#e6ab02", "#a6761d", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#666666")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "*", "<", ">", "p")

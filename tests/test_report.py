@@ -242,3 +242,26 @@ def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
     assert report.versus(rows, [("a", "b")], mode="sliding", lengths=[128])["eval_len"].tolist() == [128]
     with pytest.raises(PosencError, match="no rows for zz"):
         report.versus(rows, [("a", "zz")], mode="sliding")
+
+
+def test_against_baselines_counts_only_resolved_differences_of_one_percent_and_says_them():
+    """``lower``/``higher`` need a paired test resolved after Benjamini-Hochberg over the table and a 1 % difference;
+    the sentence lists each outcome with its ratios, lowest first."""
+    from posenc_lab import findings
+
+    def rows_of(enc, scale, jitter):
+        return [{"encoding": enc, "strategy": "-", "seed": s, "train_len": 64, "eval_len": n, "eval_mode": "sliding",
+                 "status": "ok", "perplexity": scale * (5.0 + 0.3 * s) * (1 + jitter * (-1) ** s)}
+                for s in (0, 1, 2) for n in (64, 128)]
+
+    rows = (rows_of("alibi", 1.0, 0.0) + rows_of("fox", 0.8, 0.001) + rows_of("cope", 1.25, 0.001)
+            + rows_of("fope", 1.005, 0.0001) + rows_of("fire", 1.0, 0.2))
+    table = findings.against_baselines(rows, ["fox", "cope", "fope", "fire"], baselines=["alibi"], modes="sliding")
+    outcome = table.set_index(["a", "eval_len"])["outcome"]
+    assert outcome[("fox", 64)] == "lower" and outcome[("cope", 128)] == "higher"
+    assert outcome[("fope", 64)] == "not resolved"  # resolved, but 0.5 %
+    assert outcome[("fire", 64)] == "not resolved"  # 20 % swings over the seeds: nothing resolved
+    said = findings.against_in_words(table.assign(mode="sliding"), "alibi", 128, "sliding")
+    assert said == ("Against ALiBi at 128, lower: FoX (0.80); higher: CoPE (1.25); not resolved: FoPE, FIRE.")
+    with pytest.raises(ValueError, match="no comparison with alibi at 256"):
+        findings.against_in_words(table, "alibi", 256)
