@@ -1,9 +1,9 @@
 """The effective context length of every model of the book, read from the committed results.
 
 RULER (Hsieh et al. 2024) and NoLiMa (Modarressi et al. 2025) report an *effective context length*: the longest
-length at which a model keeps a stated share of its own short-context score. NoLiMa's share is 85 % of the base
-score; measured against the model's own score, the length means something for small models whose absolute
-scores are low. Here the short context is the training length ``L`` and the lengths are those a committed run
+length whose score passes a bar. RULER's bar is one fixed score for every model (Llama-2-7B's at 4K tokens);
+NoLiMa's is 85 % of the model's own short-context score. The package uses NoLiMa's share: measured against the
+model's own score, the length means something for small models whose absolute scores are low. Here the short context is the training length ``L`` and the lengths are those a committed run
 evaluated. Nothing is trained or evaluated again.
 
 **Retrieval** (the runs ``retrieval-*``, :mod:`posenc_lab.retrieval`). A seed's score at a length is its exact
@@ -20,11 +20,12 @@ one number per seed. A seed keeps at ``L'`` when the far context does not hurt i
 ratio of perplexities; ``floor=0`` reads "not negative" literally). At ``L`` itself the two attentions are the
 same, so the gain is zero and ``L`` always keeps.
 
-**The first-failure rule** (RULER's reading). The effective length is the longest evaluated length ``L' >= L``
-such that the seed keeps at ``L'`` *and at every evaluated length between L and L'*: the lengths are read in
-increasing order and the first that fails stops the count, even if a longer one keeps again. A length the model
-cannot run at (a learned table past its size: ``cannot extrapolate``) fails. When the first length past ``L``
-already fails, the effective length is ``L`` itself (:func:`first_failure`).
+**The first-failure rule.** The effective length is the longest evaluated length ``L' >= L`` such that the seed
+keeps at ``L'`` *and at every evaluated length between L and L'*: the lengths are read in increasing order and the
+first that fails stops the count, even if a longer one keeps again. (The papers report the longest length that
+passes; where scores fall with length the two agree, and where a score recovers after a failure this reading stops
+earlier.) A length the model cannot run at (a learned table past its size: ``cannot extrapolate``) fails. When the
+first length past ``L`` already fails, the effective length is ``L`` itself (:func:`first_failure`).
 
 **A score at L near chance** (retrieval only). The ratio to a score that is no better than guessing means
 nothing, so each seed's score at ``L`` is tested against the task's chance level (:data:`CHANCE`) by a one-sided
