@@ -178,10 +178,14 @@ def against_baselines(rows, methods, *, baselines=BASELINES, lengths=None, modes
     Benjamini-Hochberg at ``alpha`` over the whole table, ``not resolved`` otherwise."""
     from .report import versus
 
-    table = versus(rows, [(m, b) for b in baselines for m in methods], mode=modes, lengths=lengths, alpha=alpha)
+    return judged(versus(rows, [(m, b) for b in baselines for m in methods], mode=modes, lengths=lengths, alpha=alpha))
+
+
+def judged(table: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`~posenc_lab.report.versus` table with ``outcome``: ``lower`` or ``higher`` where the difference is at
+    least 1 % and survives Benjamini-Hochberg over the table, ``not resolved`` otherwise."""
     counts = (table["sign"] != "~") & (table["survives"] != "none")
-    outcome = table["sign"].map({"<": "lower", ">": "higher"}).where(counts, "not resolved")
-    return table.assign(outcome=outcome)
+    return table.assign(outcome=table["sign"].map({"<": "lower", ">": "higher"}).where(counts, "not resolved"))
 
 
 def against_in_words(table: pd.DataFrame, baseline: str, length: int, mode: str = "nonoverlapping") -> str:

@@ -6,8 +6,8 @@ from the committed results: no number in them is typed by hand.
 
 A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in
 words, :func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
-prose), ``far`` (what the bytes past the training length do, on both texts) and ``run`` (why the headline run is the
-one shown). The tests check that README.md, book/intro.md and
+prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the methods of 2024-26
+against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
 every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
 """
 
@@ -184,10 +184,43 @@ def far_block() -> str:
             + " ".join(lines))
 
 
+#: the methods of 2024-26 (chapter 13) and the run whose baselines they were trained beside, on the same batches
+RECENT, RECENT_BASE = "recent-cpu", "article-cpu"
+#: the length at which the README reads them: the longest evaluated, sixteen times the training length
+RECENT_LEN = 8192
+
+
+def recent_rows() -> tuple[list[dict], list[str]]:
+    """The rows of :data:`RECENT` and of the baselines (:data:`~posenc_lab.findings.BASELINES`) in
+    :data:`RECENT_BASE`, and the newer methods' labels in the run's order."""
+    from .stats import label
+
+    methods = list(_spec(RECENT).encodings)
+    base = [r for r in rows_of(RECENT_BASE) if label(r) in findings.BASELINES]
+    return rows_of(RECENT) + base, methods
+
+
+@lru_cache(maxsize=None)
+def recent_block() -> str:
+    """The methods of 2024-26 against ALiBi and RoPE with YaRN at :data:`RECENT_LEN`, non-overlapping windows
+    (:func:`~posenc_lab.findings.against_baselines`: the family of chapter 13's table)."""
+    rows, methods = recent_rows()
+    table = findings.against_baselines(rows, methods)
+    seeds = len(_spec(RECENT).seeds)
+    lines = [f"Chapter 13 trains nine methods of 2024–26 with `{RECENT_BASE}`'s recipe ({_corpus(RECENT)}, {seeds} "
+             f"seeds, `{RECENT}`). Their perplexity at {RECENT_LEN:,} bytes, as a ratio to the baseline's, in "
+             "non-overlapping windows:"]
+    lines += [f"- {findings.against_in_words(table, b, RECENT_LEN)}" for b in findings.BASELINES]
+    lines.append("A difference counts when it is at least 1 % and a paired t-test over the seeds resolves it, at a "
+                 "5 % false discovery rate over the chapter's table.")
+    return "\n".join(lines)
+
+
 @lru_cache(maxsize=None)
 def blocks(base: str = "") -> dict[str, str]:
     """Every generated block by name; ``base`` goes before the links to committed results."""
-    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block()}
+    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
+            "recent": recent_block()}
 
 
 def generated_blocks(text: str) -> dict[str, str]:

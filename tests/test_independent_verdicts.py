@@ -100,3 +100,41 @@ def test_every_verdict_agrees_with_an_independent_log_scale_t_test(run):
         if theirs != v:
             disagree[(claim, mode)] = (v, theirs)
     assert len(mine) == 33 and not disagree, disagree
+
+
+def test_the_newer_methods_against_their_baselines_agree_with_scipy():
+    """Chapter 13's table and the README's line: each method of ``recent-cpu`` against ALiBi and RoPE with YaRN of
+    ``article-cpu`` (the same batches, seed by seed), recomputed with scipy's paired t-test on the log scale and
+    scipy's Benjamini-Hochberg over the whole table, with the symmetric 1 % floor."""
+    from posenc_lab import findings, readme
+
+    frames = []
+    for run in (readme.RECENT, readme.RECENT_BASE):
+        df = pd.read_csv(ROOT / "results" / run / "results.csv")
+        frames.append(df.assign(label=np.where(df.strategy == "-", df.encoding, df.encoding + "/" + df.strategy)))
+    df = pd.concat(frames)
+    rows, methods = readme.recent_rows()
+    mine = []
+    for b in findings.BASELINES:
+        for a in methods:
+            for mode in ("nonoverlapping", "sliding"):
+                lengths = sorted(set(df[(df.label == a) & (df.eval_mode == mode)].eval_len)
+                                 & set(df[(df.label == b) & (df.eval_mode == mode)].eval_len))
+                for n in lengths:
+                    x, y = lv(df, mode, a, n), lv(df, mode, b, n)
+                    assert list(x.index) == list(y.index) == [0, 1, 2]
+                    d = (x - y).mean()
+                    mine.append({"a": a, "b": b, "mode": mode, "eval_len": n, "d": d,
+                                 "p": stats.ttest_rel(x, y).pvalue})
+    mine = pd.DataFrame(mine)
+    mine["q"] = stats.false_discovery_control(mine["p"], method="bh")
+    counted = (mine["q"] < ALPHA) & (mine["d"].abs() >= FLOOR)
+    mine["outcome"] = np.where(counted, np.where(mine["d"] < 0, "lower", "higher"), "not resolved")
+    theirs = findings.against_baselines(rows, methods)
+    key = ["a", "b", "mode", "eval_len"]
+    both = mine.merge(theirs, on=key, suffixes=("", " package"), validate="one_to_one")
+    assert len(both) == len(mine) == len(theirs) > 100
+    assert (both["test"] == "paired").all()
+    assert both["p"].to_numpy() == pytest.approx(both["p package"].to_numpy(), rel=1e-9)
+    wrong = both[both["outcome"] != both["outcome package"]]
+    assert wrong.empty, wrong[key + ["outcome", "outcome package"]]
