@@ -3,8 +3,9 @@
 RULER (Hsieh et al. 2024) and NoLiMa (Modarressi et al. 2025) report an *effective context length*: the longest
 length whose score passes a bar. RULER's bar is one fixed score for every model (Llama-2-7B's at 4K tokens);
 NoLiMa's is 85 % of the model's own short-context score. The package uses NoLiMa's share: measured against the
-model's own score, the length means something for small models whose absolute scores are low. Here the short context is the training length ``L`` and the lengths are those a committed run
-evaluated. Nothing is trained or evaluated again.
+model's own score, the length means something for small models whose absolute scores are low. Here the short context
+is the training length ``L`` and the lengths are those a committed run evaluated. Nothing is trained or evaluated
+again.
 
 **Retrieval** (the runs ``retrieval-*``, :mod:`posenc_lab.retrieval`). A seed's score at a length is its exact
 match pooled over the needle depths, ``correct / trials``. The seed *keeps* its score at ``L' > L`` when::

@@ -198,10 +198,10 @@ def against_in_words(table: pd.DataFrame, baseline: str, length: int, mode: str 
     if cell.empty:
         raise ValueError(f"no comparison with {baseline} at {length} in {mode} windows")
     parts = []
-    for outcome, word in (("lower", "lower"), ("higher", "higher"), ("not resolved", "not resolved")):
+    for outcome in ("lower", "higher", "not resolved"):
         these = cell[cell["outcome"] == outcome].sort_values("ratio")
         if these.empty:
             continue
         named = [_name(r.a) + ("" if outcome == "not resolved" else f" ({r.ratio:.2f})") for r in these.itertuples()]
-        parts.append(f"{word}: {', '.join(named)}")
+        parts.append(f"{outcome}: {', '.join(named)}")
     return f"Against {_name(baseline)} at {length:,}, " + "; ".join(parts) + "."

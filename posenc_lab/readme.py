@@ -4,11 +4,12 @@ from the committed results: no number in them is typed by hand.
     python -m posenc_lab.readme           # rewrite the generated blocks and results/<run>/README.md
     python -m posenc_lab.readme --check   # exit 1 when a generated text differs from the committed one
 
-A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in
-words, :func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in words,
+:func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
 prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the methods of 2024-26
-against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
-every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
+against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that
+README.md, book/intro.md and every run's README equal what this module writes (``tests/test_readme.py``,
+``tests/test_results.py``).
 """
 
 from __future__ import annotations
