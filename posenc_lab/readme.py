@@ -212,9 +212,49 @@ def recent_block() -> str:
              f"seeds, `{RECENT}`). Their perplexity at {RECENT_LEN:,} bytes, as a ratio to the baseline's, in "
              "non-overlapping windows:"]
     lines += [f"- {findings.against_in_words(table, b, RECENT_LEN)}" for b in findings.BASELINES]
+    lines.append(f"- {recent_far_line()}")
     lines.append("A difference counts when it is at least 1 % and a paired t-test over the seeds resolves it, at a "
                  "5 % false discovery rate over the chapter's table.")
     return "\n".join(lines)
+
+
+#: the far-context run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
+RECENT_FAR, RECENT_FAR_BASE = "context-recent", "context-cpu"
+
+
+def recent_far_rows() -> list[dict]:
+    """:data:`RECENT_FAR`'s gain rows with :data:`RECENT_FAR_BASE`'s ALiBi, RoPE and RoPE with YaRN: the same bytes,
+    and models paired by seed (trained on the same batches); the family chapter 13 reads."""
+    base = {("alibi", "-"), ("rope", "none"), ("rope", "yarn")}
+    return results.read_json(RECENT_FAR, "gain.json") + [r for r in results.read_json(RECENT_FAR_BASE, "gain.json")
+                                                         if (r["encoding"], r["strategy"]) in base]
+
+
+def _lengths(lengths) -> str:
+    words = [f"{n:,}" for n in sorted(lengths)]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def recent_far_line() -> str:
+    """The newer methods on the bytes past the training length (:func:`~posenc_lab.gain.far_context_family` over
+    :func:`recent_far_rows`, one family): those better than RoPE limited to its window, those the far bytes help and
+    those they hurt, each with the lengths where the verdict survives Benjamini-Hochberg."""
+    from .context import far_context_family
+
+    family = far_context_family(recent_far_rows())
+    methods = results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]
+    kept = family[family["label"].isin(methods) & (family["survives"] != "none")]
+
+    def named(question: str, verdict: str) -> str:
+        rows = kept[(kept["question"] == question) & (kept["verdict"] == verdict)]
+        found = [f"{findings.NAMES.get(m, m)} (at {_lengths(rows[rows['label'] == m]['eval_len'])})"
+                 for m in methods if (rows["label"] == m).any()]
+        return "; ".join(found) or "none"
+
+    reach = results.read_json(RECENT_FAR, "gain.json")[0]["reach"]
+    return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
+            f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
+            f"{named('uses the far context', 'holds')}. Hurt by them: {named('uses the far context', 'fails')}.")
 
 
 @lru_cache(maxsize=None)

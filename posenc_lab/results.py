@@ -57,6 +57,9 @@ RUNS = {
     "variants-cpu": "make results-variants: what today's models run (chapter 12): partial rotary, p-RoPE, bases 500 and "
                     "500,000, a NoPE layer, randomized RoPE and learned positions, and plain RoPE (with Llama 3's "
                     "scaling) with article-cpu's recipe, three seeds",
+    "recent-cpu": "make results-recent: what 2024-26 added (chapter 13): SSMax on NoPE and on RoPE, Llama 4's "
+                  "temperature, iRoPE, Gemma 3's and RNoPE-SWA's local/global layers, FoPE, FoX and CoPE with "
+                  "article-cpu's recipe, three seeds",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
                    "past 512 bytes, a passkey in Python (which digit was chosen is not recorded), streams "
                    "with and without attention sinks",
@@ -68,6 +71,8 @@ RUNS = {
                              "models (English prose), every seed, no retraining; no passkey (it plants Python)",
     "context-variants": "make results-context-variants: the gain from context past 512 bytes on variants-cpu's models, "
                         "every seed, no retraining (no passkey, no streams)",
+    "context-recent": "make results-context-recent: the gain from context past 512 bytes on recent-cpu's models "
+                      "(chapter 13), every seed (no passkey, no streams)",
 }
 #: the tables of a context run (``python -m posenc_lab context``); every other run has ``results.json``
 CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")

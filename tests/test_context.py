@@ -279,12 +279,13 @@ def test_the_prose_context_presets_plant_no_python_passkey():
         assert cx.context_preset(name).passkey_multiples == ()
 
 
-@pytest.mark.parametrize("name", ["context-long", "context-variants"])
+@pytest.mark.parametrize("name", ["context-long", "context-variants", "context-recent"])
 def test_the_context_presets_of_other_runs_measure_only_that_runs_encodings(name):
     from posenc_lab import experiment
 
     spec = cx.context_preset(name)
-    trained = experiment.preset({"context-long": "article-long", "context-variants": "variants-cpu"}[name])
+    trained = experiment.preset({"context-long": "article-long", "context-variants": "variants-cpu",
+                                 "context-recent": "recent-cpu"}[name])
     assert set(spec.encodings) == set(trained.encodings) and spec.run == trained.preset
     assert set(spec.strategies) <= set(trained.strategies) | {"pi", "ntk", "dynamic-ntk"}
 
@@ -408,6 +409,22 @@ def test_the_committed_context_run_of_the_variants_measures_the_gain_alone_on_ev
     assert keys == [] and streams == [] and {r["seed"] for r in gains} == {0, 1, 2}
     # 7 variants and RoPE with none, yarn and llama3, at 3 lengths; randomized learned runs to M = 8192
     assert len(cx.gain_table(gains)) == 10 * 3 and {r["status"] for r in gains} == {"ok"}
+
+
+def test_the_committed_context_run_of_the_recent_methods_pairs_with_context_cpu():
+    """Chapter 13 sets context-recent's rows beside context-cpu's ALiBi, RoPE and YaRN: the two must score the
+    same bytes at the same lengths and reach, every seed of every method."""
+    from posenc_lab import results
+
+    gains, keys, streams = (results.read_json("context-recent", t) for t in results.CONTEXT_TABLES)
+    assert keys == [] and streams == [] and {r["status"] for r in gains} == {"ok"}
+    recent, cpu = (results.read_json(n, "config.json") for n in ("context-recent", "context-cpu"))
+    assert recent["evaluation_text"] == cpu["evaluation_text"] and recent["corpus"] == cpu["corpus"]
+    for key in ("lengths", "reach", "blocks", "block_tokens"):
+        assert recent["spec"][key] == cpu["spec"][key]
+    assert {(r["encoding"], r["seed"]) for r in gains} == {(e, s) for e in cx.context_preset("context-recent").encodings
+                                                           for s in (0, 1, 2)}
+    assert len(cx.gain_table(gains)) == 9 * 3
 
 
 def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():

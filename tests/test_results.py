@@ -6,8 +6,14 @@ import torch
 from posenc_lab import PosencError, report, results
 
 
-@pytest.mark.parametrize("name", ["cpu", "cpu-finetune", "article-cpu", "article-long", "retrieval-cpu",
-                                  "retrieval-digits-cpu", "retrieval-multikey-cpu", "variants-cpu"])
+def test_every_committed_folder_is_a_named_run():
+    """Every folder of committed results is a run of ``results.RUNS`` (which readers and the tools list) or the
+    benchmarks, and every named run has its folder."""
+    folders = {p.name for p in results.root().iterdir() if p.is_dir()} - {"benchmarks"}
+    assert folders == set(results.RUNS)
+
+
+@pytest.mark.parametrize("name", [n for n in results.RUNS if not n.startswith("context-")])
 def test_every_committed_run_loads(name):
     rows, units, config = results.load(name)
     assert rows and units and config["spec"]
