@@ -192,7 +192,8 @@ def far_context_family(rows, *, baseline: str = "rope/none", alpha: float | None
     """Every verdict of :func:`windowed_verdicts` at every length as one exploratory family: one row per label,
     length and question (``uses the far context``, ``beats the window``) with the perplexity ratio, the raw ``p``
     and Holm's and Benjamini-Hochberg's adjusted values beside it (:func:`~posenc_lab.stats.adjusted`); read in prose only
-    what survives."""
+    what survives. For ``baseline``'s own label the two questions are one test (its limited self is the window), so
+    the family holds it once, as ``uses the far context``."""
     import pandas as pd
 
     from .stats import ALPHA, adjusted
@@ -203,7 +204,7 @@ def far_context_family(rows, *, baseline: str = "rope/none", alpha: float | None
         table = windowed_verdicts(rows, length, baseline=baseline, alpha=alpha)
         for label, r in table.iterrows():
             for question, key in (("uses the far context", "uses"), ("beats the window", "beats")):
-                if not math.isnan(r[f"p {key}"]):
+                if not math.isnan(r[f"p {key}"]) and not (label == baseline and key == "beats"):
                     records.append({"label": label, "eval_len": length, "question": question, "verdict": r[question],
                                     "ratio": r[f"ratio {key}"], "p": r[f"p {key}"]})
     return adjusted(pd.DataFrame(records, columns=["label", "eval_len", "question", "verdict", "ratio", "p"]),

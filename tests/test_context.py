@@ -494,3 +494,26 @@ def test_a_run_folder_without_language_models_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"spec": {"train_len": 128}, "task": {}}))
     with pytest.raises(PosencError, match="not a language-model run"):
         cx.run(cx.context_preset("context-ci", run=str(tmp_path)), tmp_path / "out", progress=False)
+
+
+def test_the_far_context_family_tests_each_hypothesis_once_and_adjusts_as_scipy_does():
+    """RoPE's own "beats the window" is its "uses the far context" (its limited self is the window): the family holds
+    it once, and its adjusted p-values are Holm's and Benjamini-Hochberg's over the distinct tests, by scipy."""
+    import numpy as np
+    from scipy import stats as st
+
+    from posenc_lab import results
+
+    rows = results.read_json("context-cpu", "gain.json")
+    family = cx.far_context_family(rows)
+    rope = family[family.label == "rope/none"]
+    assert set(rope["question"]) == {"uses the far context"} and len(rope) == rope["eval_len"].nunique()
+    assert not family.duplicated(["label", "eval_len", "question"]).any()
+    assert len(family) == 3 * (2 * (family["label"].nunique() - 1) + 1)  # three lengths, every p a distinct test
+    p = family["p"].to_numpy()
+    np.testing.assert_allclose(family["p BH"], st.false_discovery_control(p, method="bh"), rtol=1e-12)
+    order = np.argsort(p)
+    holm = np.maximum.accumulate(np.minimum(1, (len(p) - np.arange(len(p))) * p[order]))
+    expected = np.empty_like(p)
+    expected[order] = holm
+    np.testing.assert_allclose(family["p holm"], expected, rtol=1e-12)
