@@ -171,6 +171,40 @@ def perplexity_vs_length(rows, ax=None, *, mode: str = "sliding", labels=None, m
     return ax
 
 
+def accuracy_vs_length(rows, ax=None, *, labels=None, legend: bool = True):
+    """Exact match of a retrieval run against the window length over the training length (log scale): a line per
+    label (the mean of the seeds' accuracies, each pooled over depths, :func:`~posenc_lab.accuracy.by_seed`), a band
+    from the lowest to the highest seed, in each label's fixed look (:func:`style`). ``labels`` picks and orders the
+    lines (default: every label). Returns the ``Axes``."""
+    import matplotlib.pyplot as plt
+
+    from .accuracy import by_seed, frame as retrieval_frame
+
+    ax = ax or plt.gca()
+    train_len = {int(n) for n in retrieval_frame(rows)["train_len"]}
+    if len(train_len) != 1:
+        raise ValueError(f"the rows must share one training length, got {sorted(train_len)}")
+    df = by_seed(rows).rename("exact match").reset_index()
+    df["multiple"] = df["eval_len"] / train_len.pop()
+    names = list(dict.fromkeys(labels)) if labels is not None else _ordered(df["label"].unique())
+    missing = sorted(set(names) - set(df["label"]))
+    if missing:
+        raise ValueError(f"no retrieval rows for {', '.join(missing)}")
+    _styled_lines(df[df["label"].isin(names)], "multiple", "exact match", names, ax, errorbar=SEED_RANGE)
+    ax.set_xscale("log", base=2)
+    multiples = sorted(df["multiple"].unique())
+    ax.set_xticks(multiples, [f"{m:g}x" for m in multiples])
+    ax.minorticks_off()
+    ax.set(xlabel="window length / training length", ylabel="exact match", ylim=(-0.03, 1.03))
+    seeds = df["seed"].nunique()
+    ax.set_title(f"mean of {seeds} seeds; band: their range" if seeds > 1 else "one seed", fontsize=10)
+    if legend:
+        ax.legend(title=None, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.get_legend().remove()
+    return ax
+
+
 def growth(rows, ax=None, *, mode: str = "sliding", labels=None, judged_len: int | None = 2048, legend: bool = True,
            breaking: float | None = None):
     """Growth ppl(L') / ppl(L) against evaluation length L', both axes logarithmic (1 = as good as at the training

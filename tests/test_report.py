@@ -265,3 +265,33 @@ def test_against_baselines_counts_only_resolved_differences_of_one_percent_and_s
     assert said == ("Against ALiBi at 128, lower: FoX (0.80); higher: CoPE (1.25); not resolved: FoPE, FIRE.")
     with pytest.raises(ValueError, match="no comparison with alibi at 256"):
         findings.against_in_words(table, "alibi", 256)
+
+
+def test_accuracy_vs_length_draws_each_labels_seed_mean_and_range():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from posenc_lab import plots
+
+    def row(encoding, seed, eval_len, correct):
+        return {"encoding": encoding, "strategy": "-", "seed": seed, "train_len": 64, "eval_len": eval_len,
+                "depth": 0.5, "status": "ok", "correct": correct, "trials": 10, "train_accuracy": 1.0}
+
+    rows = [row(e, s, n, c) for e, base in (("alibi", 9), ("fox", 5)) for s in (0, 1, 2)
+            for n, c in ((64, base), (128, base - s), (256, s))]
+    fig, ax = plt.subplots()
+    plots.accuracy_vs_length(rows, ax, labels=["fox", "alibi"])
+    drawn = [line for line in ax.get_lines() if len(line.get_xdata())]  # the legend's handles hold no data
+    colour = {matplotlib.colors.to_hex(plots.style(n)["color"]): n for n in ("fox", "alibi")}
+    lines = {colour[matplotlib.colors.to_hex(line.get_color())]: line for line in drawn}
+    assert len(drawn) == 2 and set(lines) == {"fox", "alibi"}
+    np.testing.assert_allclose(lines["fox"].get_xdata(), [1, 2, 4])
+    np.testing.assert_allclose(lines["fox"].get_ydata(), [0.5, 0.4, 0.1])  # seeds 0.5, (0.5, 0.4, 0.3), (0, .1, .2)
+    np.testing.assert_allclose(lines["alibi"].get_ydata(), [0.9, 0.8, 0.1])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1x", "2x", "4x"]
+    with pytest.raises(ValueError, match="no retrieval rows for cope"):
+        plots.accuracy_vs_length(rows, ax, labels=["cope"])
+    plt.close(fig)
