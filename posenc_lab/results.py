@@ -214,7 +214,7 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
     spec = spec_of(config)
     cfg = spec.model.config(trained_as(encoding, config))
-    cfg.encoding_options = dict(options)
+    cfg.encoding_options = {**getattr(spec, "encoding_options", {}).get(encoding, {}), **options}
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})

@@ -110,6 +110,9 @@ class RetrievalSpec(Composed):
     monitor_every: int = 100  # training accuracy at the training length, every this many steps
     monitor_trials: int = 128
     eval_batch_size: int = 32
+    #: options of some encodings, by name, passed to :func:`~posenc_lab.make_encoding` (e.g. a layer mix's
+    #: pattern, ``{"gemma3": {"sliding_window_pattern": 2}}``, so that a 2-layer model has a global layer)
+    encoding_options: dict = field(default_factory=dict)
     notes: str = ""
 
     def __post_init__(self):
@@ -135,6 +138,17 @@ class RetrievalSpec(Composed):
                               f"{self.train_questions} for the {self.task} task")
         if self.model.train_len < 4 * KEY_LEN:
             raise PosencError(f"train_len must be at least {4 * KEY_LEN} bytes for a retrieval window")
+        for name in self.encoding_options:
+            if name not in self.encodings:
+                raise PosencError(f"encoding_options name {name!r}, which the spec does not train "
+                                  f"({', '.join(self.encodings)})")
+
+    def model_config(self, encoding: str):
+        """The :class:`~posenc_lab.model.GPTConfig` of ``encoding`` in this spec's model, with its
+        ``encoding_options``."""
+        cfg = self.model.config(encoding)
+        cfg.encoding_options = dict(self.encoding_options.get(encoding, {}))
+        return cfg
 
     def to_dict(self) -> dict:
         """The spec as a plain dict (as stored in ``config.json``), each part a dict of its own. The task is left out
@@ -147,6 +161,8 @@ class RetrievalSpec(Composed):
             del d["train_keys"]
         if not d["train_questions"]:
             del d["train_questions"]
+        if not d["encoding_options"]:  # nor options unless set
+            del d["encoding_options"]
         return d
 
 
@@ -168,8 +184,11 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
     "retrieval-digits-recent": RetrievalSpec(preset="retrieval-digits-recent", task="digits",
                                              encodings=("fox", "cope", "ssmax-rope", "gemma3"), seeds=(0, 1, 2),
                                              training=replace(TRAINING, steps=4000), trials=100,
+                                             encoding_options={"gemma3": {"sliding_window_pattern": 2}},
                                              notes="retrieval-digits-cpu's task, recipe and judgement for FoX, CoPE, "
-                                                   "SSMax on RoPE and Gemma 3's local/global layers, three seeds"),
+                                                   "SSMax on RoPE and Gemma 3's local/global layers, three seeds; "
+                                                   "the recipe's 2 layers hold one mix only, a local layer (window "
+                                                   "L/4) and then a global one"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
                                             encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
                                             model=replace(MODEL, tie_embeddings=False),
@@ -223,7 +242,7 @@ def run_retrieval_unit(spec: RetrievalSpec, encoding: str, seed: int, out: Path,
                        common: dict) -> dict:
     """Train one encoding on the passkey task at ``train_len`` and measure the grid (every RoPE strategy)."""
     torch.manual_seed(seed)
-    model = GPT(spec.model.config(encoding))
+    model = GPT(spec.model_config(encoding))
     train_len, steps, batch_size = spec.model.train_len, spec.training.steps, spec.training.batch_size
     monitor_g = torch.Generator().manual_seed(4242 + seed)
     probe = make_windows(spec.monitor_trials, train_len, None, monitor_g, spec.task)

@@ -293,3 +293,21 @@ def test_bad_spans_are_one_line_errors():
                                  ("nope-temp", {"attn_scale": -0.1}, "attn_scale")]:
         with pytest.raises(PosencError, match=match):
             mix(name, **options)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "irope", "rnope-swa"])  # the three with a local span
+def test_a_model_shallower_than_the_pattern_gets_its_last_layer_global(name):
+    """Every 4th layer global would leave a 2-layer model local in every layer, no mix at all: its last layer is
+    the global one, as the pattern option set to the depth makes it; from 4 layers on the rule is the paper's."""
+    option = "no_rope_layer_interval" if name == "irope" else "sliding_window_pattern"
+    for n_layer, pattern in ((1, None), (2, None), (3, None), (2, 2), (4, None), (8, None)):
+        model = _gpt(name, n_layer=n_layer, **({option: pattern} if pattern else {}))
+        kinds = ["global" if model.encoding.for_layer(i, n_layer) is model.encoding.global_layer else "local"
+                 for i in range(n_layer)]
+        expected = {1: ["global"], 2: ["local", "global"], 3: ["local", "local", "global"],
+                    4: ["local"] * 3 + ["global"], 8: (["local"] * 3 + ["global"]) * 2}[n_layer]
+        assert kinds == expected, (n_layer, pattern, kinds)
+    local = _gpt(name, n_layer=2).encoding
+    assert (local.window or local.chunk) == 4 and local.global_layer.window is None  # L / 4 at L = 16
+    with pytest.raises(PosencError, match=f"{option} must be a positive integer"):
+        _gpt(name, n_layer=2, **{option: 0})

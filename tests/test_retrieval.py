@@ -403,3 +403,30 @@ def test_the_retrieval_module_still_offers_the_names_of_the_tasks_and_the_tables
                                       "markdown_table"])):
         for name in names:
             assert getattr(retrieval, name) is getattr(module, name), f"retrieval.{name}"
+
+
+@pytest.mark.parametrize("preset", list(retrieval.RETRIEVAL_PRESETS))
+def test_every_encoding_of_every_retrieval_preset_builds_at_its_depth(preset):
+    """A preset names no encoding its model cannot hold (a layer mix with no global layer is refused at build)."""
+    spec = retrieval.retrieval_preset(preset)
+    for name in spec.encodings:
+        GPT(spec.model_config(name))
+
+
+@pytest.mark.slow
+def test_encoding_options_reach_the_trained_model_and_the_loaded_one(tmp_path):
+    from posenc_lab import results
+
+    spec = retrieval.retrieval_preset("retrieval-ci", encodings=("gemma3",),
+                                      encoding_options={"gemma3": {"sliding_window_pattern": 1}})
+    assert spec.model.n_layer == 1 and spec.to_dict()["encoding_options"] == {"gemma3": {"sliding_window_pattern": 1}}
+    assert retrieval.RetrievalSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert "encoding_options" not in retrieval.retrieval_preset("retrieval-ci").to_dict()  # older configs unchanged
+    retrieval.run(spec, tmp_path, progress=False, log=lambda *a: None)
+    model = results.model_from_run(tmp_path, "gemma3")
+    assert model.encoding.interval == 1 and model.encoding.for_layer(0, 1) is model.encoding.global_layer
+    with pytest.raises(PosencError, match="encoding_options name 'fox', which the spec does not train"):
+        retrieval.retrieval_preset("retrieval-ci", encoding_options={"fox": {}})
+    digits = retrieval.retrieval_preset("retrieval-digits-recent")
+    mix = GPT(digits.model_config("gemma3")).encoding
+    assert [mix.for_layer(i, 2).window for i in range(2)] == [digits.model.train_len // 4, None]

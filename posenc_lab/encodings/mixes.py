@@ -97,14 +97,20 @@ class _LayerMix(RoPE):
     ``sliding_window_pattern`` and Llama 4's ``no_rope_layer_interval`` (Hugging Face transformers)."""
 
     interval = 4
+    interval_option = "sliding_window_pattern"  # the option that sets ``interval``, as the paper's config names it
     global_layer: Encoding
 
     def __init__(self, head_dim: int, *, train_len: int, interval: int, base: float, layout: str):
         super().__init__(head_dim, train_len=train_len, base=base, layout=layout)
-        self.interval = _positive_int("the global layer interval", interval)
+        self.interval = _positive_int(self.interval_option, interval)
 
     def for_layer(self, layer: int, n_layer: int) -> Encoding:
-        return self.global_layer if (layer + 1) % self.interval == 0 else self
+        """The global layer for layer ``l`` with ``(l + 1) % interval == 0``, this local one otherwise. A model of
+        fewer than ``interval`` layers, which that rule would leave with no global layer and so no mix, gets its
+        last layer global: at 2 layers a local layer, then a global one (a single layer is the global one)."""
+        if (layer + 1) % self.interval == 0 or (n_layer < self.interval and layer == n_layer - 1):
+            return self.global_layer
+        return self
 
     def set_scaling(self, method, factor=None, *, dynamic=None, **options):
         """RoPE's :meth:`~posenc_lab.encodings.RoPE.set_scaling`, applied to a global RoPE layer too."""
@@ -158,6 +164,7 @@ class IRoPE(_LayerMix):
     """
 
     name, variant_of = "irope", "rope"
+    interval_option = "no_rope_layer_interval"
 
     def __init__(self, head_dim: int, *, train_len: int, attention_chunk_size: int | None = None,
                  no_rope_layer_interval: int = 4, floor_scale: int | None = None, attn_scale: float = 0.1,
