@@ -134,6 +134,8 @@ results-context-recent: env
 results-digits-recent: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-digits-recent --out runs/retrieval-digits-recent
 	$(call commit_run,retrieval-digits-recent)
+	$(PY) -c "from posenc_lab import results; [results.export_models('runs/retrieval-digits-recent', \
+	  'retrieval-digits-recent', ['fox'], seed=s) for s in (0, 1, 2)]"
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)
 results-amplitude: env

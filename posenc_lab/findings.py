@@ -205,3 +205,50 @@ def against_in_words(table: pd.DataFrame, baseline: str, length: int, mode: str 
         named = [_name(r.a) + ("" if outcome == "not resolved" else f" ({r.ratio:.2f})") for r in these.itertuples()]
         parts.append(f"{outcome}: {', '.join(named)}")
     return f"Against {_name(baseline)} at {length:,}, " + "; ".join(parts) + "."
+
+
+def learned_methods(rows, methods) -> tuple[list[str], list[str]]:
+    """Which of ``methods`` learned a retrieval run's task (every seed at least
+    :data:`~posenc_lab.accuracy.LEARNED` at the end of training), and which did not: ``(learned, not_learned)``."""
+    from .accuracy import LEARNED, by_length
+
+    table = by_length(rows)
+    lowest = table.groupby(level="label")["train_accuracy"].min()
+    learned = [m for m in methods if m in lowest.index and lowest[m] >= LEARNED]
+    return learned, [m for m in methods if m not in learned]
+
+
+def retrieval_against_baselines(rows, methods, *, baselines=BASELINES, floor: float = 0.01,
+                                alpha: float = ALPHA) -> pd.DataFrame:
+    """The exact match of each of ``methods`` in a retrieval run's ``rows`` against each of ``baselines`` at every
+    length, and against itself at the training length at every longer one. Chapter 9's rule for counts
+    (:func:`~posenc_lab.stats.compare_counts`: Fisher's exact test per seed, resolved when every seed's test is
+    resolved the same way, ``p`` the largest of theirs); the whole grid one exploratory family, adjusted by Holm and
+    Benjamini-Hochberg (:func:`~posenc_lab.stats.adjusted`). ``outcome``: ``higher`` or ``lower`` where the mean
+    difference is at least ``floor`` and survives Benjamini-Hochberg at ``alpha``, ``not resolved`` otherwise.
+    Columns: ``method``, ``against``, ``multiple`` (of the training length), ``eval_len``, ``difference`` (the mean
+    over seeds), ``low``/``high`` (the smallest and largest seed's), ``seeds``, ``p``, ``p holm``, ``p BH``,
+    ``survives``, ``outcome``. Pass the methods that learned the task (:func:`learned_methods`): a method that did not
+    says nothing about extrapolation."""
+    from .accuracy import frame as retrieval_frame
+    from .stats import adjusted, compare_counts
+
+    df = retrieval_frame(rows)
+    df = df[df["status"] == "ok"]
+    counts = df.groupby(["label", "eval_len", "seed"])[["correct", "trials"]].sum()
+    train_len = int(df["train_len"].iloc[0])
+    records = []
+    for method in methods:
+        for n in sorted(df.loc[df["label"] == method, "eval_len"].unique()):
+            others = [(b, (b, n)) for b in baselines if (b, n) in counts.index.droplevel("seed")]
+            if n > train_len:
+                others.append(("itself at L", (method, train_len)))
+            for against, key in others:
+                c = compare_counts(counts.loc[(method, n)], counts.loc[key], alpha=alpha)
+                records.append({"method": method, "against": against, "multiple": n // train_len, "eval_len": int(n),
+                                "difference": c.diff, "low": c.low, "high": c.high, "seeds": c.n[0], "p": c.p})
+    columns = ["method", "against", "multiple", "eval_len", "difference", "low", "high", "seeds", "p"]
+    family = adjusted(pd.DataFrame(records, columns=columns), alpha=alpha)
+    counted = (family["p BH"] < alpha) & (family["difference"].abs() >= floor)
+    outcome = family["difference"].gt(0).map({True: "higher", False: "lower"})
+    return family.assign(outcome=outcome.where(counted, "not resolved"))

@@ -79,7 +79,7 @@ def _corpus(run: str) -> str:
 
 def _names(labels) -> str:
     names = [findings.NAMES.get(x, x) for x in labels]
-    return ", ".join(names[:-1]) + " and " + names[-1]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 @lru_cache(maxsize=None)
@@ -255,6 +255,41 @@ def recent_far_line() -> str:
     return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
             f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
             f"{named('uses the far context', 'holds')}. Hurt by them: {named('uses the far context', 'fails')}.")
+
+
+#: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
+RECENT_DIGITS, RECENT_DIGITS_BASE = "retrieval-digits-recent", "retrieval-digits-cpu"
+
+
+def recent_digits_rows() -> tuple[list[dict], list[str]]:
+    """The rows of :data:`RECENT_DIGITS` and of the baselines in :data:`RECENT_DIGITS_BASE` (the same task, recipe,
+    seeds and windows), and the newer methods in the run's order."""
+    from .stats import label
+
+    base = [r for r in rows_of(RECENT_DIGITS_BASE) if label(r) in findings.BASELINES]
+    return rows_of(RECENT_DIGITS) + base, list(_spec(RECENT_DIGITS).encodings)
+
+
+def recent_digits_line() -> str:
+    """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
+    fewer digit strings than ALiBi (:func:`~posenc_lab.findings.retrieval_against_baselines`, the family chapter 13
+    reads), each with the lengths where the difference counts."""
+    rows, methods = recent_digits_rows()
+    learned, not_learned = findings.learned_methods(rows, methods)
+    family = findings.retrieval_against_baselines(rows, learned)
+    alibi = family[family["against"] == "alibi"]
+
+    def named(outcome: str) -> str:
+        these = alibi[alibi["outcome"] == outcome]
+        found = [f"{findings.NAMES.get(m, m)} (at {', '.join(f'{k}x' for k in these[these['method'] == m]['multiple'])})"
+                 for m in learned if (these["method"] == m).any()]
+        return "; ".join(found) or "none"
+
+    train_len = _spec(RECENT_DIGITS).model.train_len
+    return (f"On chapter 9's digits task (`{RECENT_DIGITS}`: five digits copied in order, trained at {train_len} "
+            f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. Against "
+            f"ALiBi's exact match, higher: {named('higher')}; lower: {named('lower')} (a difference counts when "
+            "every seed's exact test finds it the same way, at a 5 % false discovery rate).")
 
 
 @lru_cache(maxsize=None)
