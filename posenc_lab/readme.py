@@ -213,8 +213,9 @@ def recent_block() -> str:
              "non-overlapping windows:"]
     lines += [f"- {findings.against_in_words(table, b, RECENT_LEN)}" for b in findings.BASELINES]
     lines.append(f"- {recent_far_line()}")
-    lines.append("A difference counts when it is at least 1 % and a paired t-test over the seeds resolves it, at a "
-                 "5 % false discovery rate over the chapter's table.")
+    lines.append(f"- {recent_digits_line()}")
+    lines.append("A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
+                 "it, at a 5 % false discovery rate over the chapter's table.")
     return "\n".join(lines)
 
 
@@ -272,24 +273,26 @@ def recent_digits_rows() -> tuple[list[dict], list[str]]:
 
 def recent_digits_line() -> str:
     """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
-    fewer digit strings than ALiBi (:func:`~posenc_lab.findings.retrieval_against_baselines`, the family chapter 13
-    reads), each with the lengths where the difference counts."""
+    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.findings.retrieval_against_baselines`,
+    the family chapter 13 reads), each with the lengths where the difference counts."""
     rows, methods = recent_digits_rows()
     learned, not_learned = findings.learned_methods(rows, methods)
     family = findings.retrieval_against_baselines(rows, learned)
-    alibi = family[family["against"] == "alibi"]
 
-    def named(outcome: str) -> str:
-        these = alibi[alibi["outcome"] == outcome]
+    def named(against: str, outcome: str) -> str:
+        these = family[(family["against"] == against) & (family["outcome"] == outcome)]
         found = [f"{findings.NAMES.get(m, m)} (at {', '.join(f'{k}x' for k in these[these['method'] == m]['multiple'])})"
                  for m in learned if (these["method"] == m).any()]
         return "; ".join(found) or "none"
 
+    def against(baseline: str, name: str) -> str:
+        return f"Against {name}, higher: {named(baseline, 'higher')}; lower: {named(baseline, 'lower')}."
+
     train_len = _spec(RECENT_DIGITS).model.train_len
     return (f"On chapter 9's digits task (`{RECENT_DIGITS}`: five digits copied in order, trained at {train_len} "
-            f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. Against "
-            f"ALiBi's exact match, higher: {named('higher')}; lower: {named('lower')} (a difference counts when "
-            "every seed's exact test finds it the same way, at a 5 % false discovery rate).")
+            f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. "
+            f"{against('alibi', 'ALiBi')} {against('rope/yarn', 'RoPE with YaRN')} A difference in exact match "
+            "counts when every seed's exact test finds it the same way, at a 5 % false discovery rate.")
 
 
 @lru_cache(maxsize=None)

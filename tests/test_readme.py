@@ -142,3 +142,22 @@ def test_far_block_numbers_recomputed_from_the_gain_rows():
         rope = math.exp(np.mean([by["rope", "none", s]["far_loss_full"] - by["rope", "none", s]["far_loss_reach"]
                                  for s in seeds]))
         assert f"{alibi:.3f} times the window's" in text and f"{rope:.2f} times its own window's" in text
+
+
+def test_recent_digits_line_names_exactly_the_family_outcomes():
+    """Each method the digits line puts under 'higher' or 'lower' against ALiBi and against YaRN carries that outcome
+    in chapter 13's family at exactly the lengths named, and every counted difference of the family is named."""
+    line = readme.recent_digits_line()
+    rows, methods = readme.recent_digits_rows()
+    learned, not_learned = findings.learned_methods(rows, methods)
+    family = findings.retrieval_against_baselines(rows, learned)
+    assert "not learned: " + (", ".join(findings.NAMES.get(m, m) for m in not_learned) or "none") in line
+    for baseline, name in (("alibi", "ALiBi"), ("rope/yarn", "RoPE with YaRN")):
+        part = line.split(f"Against {name}, ")[1].split(".")[0]
+        for outcome in ("higher", "lower"):
+            said = part.split(f"{outcome}: ")[1].split("; lower")[0] if outcome == "higher" else part.split("lower: ")[1]
+            named = {(n, int(k)) for n, ks in re.findall(r"([^;()]+?) \(at ([^)]*)\)", said)
+                     for k in re.findall(r"(\d+)x", ks)}
+            these = family[(family["against"] == baseline) & (family["outcome"] == outcome)]
+            expected = {(findings.NAMES.get(m, m), int(k)) for m, k in zip(these["method"], these["multiple"])}
+            assert {(n.strip(), k) for n, k in named} == expected, (baseline, outcome)
