@@ -101,13 +101,19 @@ def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
     return pooled.rename_axis(["label", "distance"])
 
 
+def seed_counts(rows):
+    """``correct`` and ``trials`` per label, length and seed, pooled over depths, from the rows that ran (``status``
+    ok): the counts :func:`~posenc_lab.stats.compare_counts` tests, indexed by ``(label, eval_len, seed)``."""
+    df = frame(rows)
+    df = df[df["status"] == "ok"]
+    return df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
+
+
 def by_seed(rows):
     """Exact-match accuracy per label, length and seed (pooled over depths): the samples a comparison of
     encodings rests on, since windows scored by the same trained model are not independent samples of the
     encoding."""
-    df = frame(rows)
-    df = df[df["status"] == "ok"]
-    g = df.groupby(["label", "eval_len", "seed"]).agg(correct=("correct", "sum"), trials=("trials", "sum"))
+    g = seed_counts(rows)
     return g["correct"] / g["trials"]
 
 

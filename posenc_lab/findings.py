@@ -230,17 +230,16 @@ def retrieval_against_baselines(rows, methods, *, baselines=BASELINES, floor: fl
     over seeds), ``low``/``high`` (the smallest and largest seed's), ``seeds``, ``p``, ``p holm``, ``p BH``,
     ``survives``, ``outcome``. Pass the methods that learned the task (:func:`learned_methods`): a method that did not
     says nothing about extrapolation."""
-    from .accuracy import frame as retrieval_frame
+    from .accuracy import frame as retrieval_frame, seed_counts
     from .stats import adjusted, compare_counts
 
-    df = retrieval_frame(rows)
-    df = df[df["status"] == "ok"]
-    counts = df.groupby(["label", "eval_len", "seed"])[["correct", "trials"]].sum()
-    train_len = int(df["train_len"].iloc[0])
+    counts = seed_counts(rows)
+    cells = counts.index.droplevel("seed").unique()  # (label, eval_len)
+    train_len = int(retrieval_frame(rows)["train_len"].iloc[0])
     records = []
     for method in methods:
-        for n in sorted(df.loc[df["label"] == method, "eval_len"].unique()):
-            others = [(b, (b, n)) for b in baselines if (b, n) in counts.index.droplevel("seed")]
+        for n in sorted(n for label, n in cells if label == method):
+            others = [(b, (b, n)) for b in baselines if (b, n) in cells]
             if n > train_len:
                 others.append(("itself at L", (method, train_len)))
             for against, key in others:

@@ -39,8 +39,8 @@ import torch
 from tqdm import tqdm
 
 from . import distributed
-from .accuracy import (LEARNED, by_distance, by_length, by_seed, frame, markdown_table, wilson,  # noqa: F401
-                       with_wilson)
+from .accuracy import (LEARNED, by_distance, by_length, by_seed, frame, markdown_table, seed_counts,  # noqa: F401
+                       wilson, with_wilson)
 from .encodings import ENCODINGS, PRIMARY, strategies_of
 from .errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from .experiment import (collect_rows, device_name, git_commit, prepare, resolve_device, run_units, write_atomic)

@@ -400,7 +400,7 @@ def test_the_retrieval_module_still_offers_the_names_of_the_tasks_and_the_tables
     for module, names in ((tasks, ["FILLER", "SLOTS", "QUESTION", "KEY_LEN", "TASKS", "DIGITS", "NAMES", "DIGITS_LEN",
                                    "MULTIKEYS", "make_windows", "describe_task"]),
                           (accuracy, ["wilson", "with_wilson", "frame", "LEARNED", "by_length", "by_distance", "by_seed",
-                                      "markdown_table"])):
+                                      "seed_counts", "markdown_table"])):
         for name in names:
             assert getattr(retrieval, name) is getattr(module, name), f"retrieval.{name}"
 
