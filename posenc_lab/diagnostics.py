@@ -1,4 +1,5 @@
-"""Why extrapolation breaks, read off a trained model: attention maps, attention entropy, logits by distance.
+"""Why extrapolation breaks, read off a trained model: attention maps, attention entropy, logits by distance,
+FoX's forget gates.
 
 Pure functions over a model and a batch of tokens (the chapters draw them with :mod:`plots`). The
 attention weights are recomputed explicitly from each layer's input, with the encoding's own
@@ -33,6 +34,16 @@ def _layer_inputs(model, idx: torch.Tensor) -> list[torch.Tensor]:
     return captured
 
 
+def log_forget_values(model, idx: torch.Tensor) -> list[torch.Tensor | None]:
+    """Each layer's log forget values ``log f`` (``b h n``, FoX's gates,
+    :class:`~posenc_lab.encodings.forgetting.FoXLayer`) as the model computes them from the layer's input;
+    ``None`` for a layer whose encoding has no gates. :func:`~posenc_lab.encodings.forgetting.forget_sums` turns them
+    into the bias ``D_ij``."""
+    n_layer = len(model.blocks)
+    with torch.no_grad():
+        return [model.encoding.for_layer(layer, n_layer).decay(x) for layer, x in enumerate(_layer_inputs(model, idx))]
+
+
 def attention_logits(model, idx: torch.Tensor) -> list[torch.Tensor]:
     """``q_m . k_n / sqrt(d) + b[h, m, n]`` of every layer (``b h n n``, float32), future keys (and those outside a
     local layer's window or chunk) at ``-inf``, as the model computes them in evaluation mode (the mode is restored
@@ -59,7 +70,8 @@ def _attention_logits(model, idx):
             if bias is not None:
                 scores = scores + bias.float()
             if encoding.reads_tokens:  # FoX's decay from the layer's input, CoPE's term from the queries and keys
-                sums = None if encoding.decay(x) is None else forget_sums(encoding.decay(x))
+                log_f = encoding.decay(x)
+                sums = None if log_f is None else forget_sums(log_f)
                 scores = scores + token_mask(encoding, q.float(), k.float(), sums, sums, positions, positions,
                                              causal=True)
             out.append(scores.masked_fill(_unseen(encoding, positions), float("-inf")))

@@ -42,3 +42,29 @@ def test_mean_by_distance():
     got = diagnostics.mean_by_distance(values)
     assert got[0].item() == pytest.approx(2.5) and got[5].item() == 5.0
     assert diagnostics.mean_by_distance(values, min_query=4)[0].item() == pytest.approx(4.5)
+
+
+def test_log_forget_values_are_each_layers_gates_on_the_input_the_model_gives_it():
+    """FoX: per layer, log sigmoid(w_f . x + b_f) written out on the input each attention layer received during the
+    model's own forward pass (captured by a hook here), with that layer's gates; no gates: None per layer."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="fox", n_layer=3, n_head=2, d_model=32, train_len=32)).eval()
+    idx = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    seen = []
+    hooks = [block.attn.register_forward_hook(lambda mod, args, out: seen.append(args[0])) for block in model.blocks]
+    with torch.no_grad():
+        model(idx)
+    for hook in hooks:
+        hook.remove()
+    values = diagnostics.log_forget_values(model, idx)
+    assert len(values) == 3
+    gates = [model.encoding.for_layer(i, 3) for i in range(3)]
+    assert len({id(g.w_f) for g in gates}) == 3  # every layer its own gates
+    for x, g, got in zip(seen, gates, values):
+        want = F.logsigmoid(torch.einsum("bnd,hd->bhn", x.double(), g.w_f.double()) + g.b_f.double()[:, None])
+        assert got.shape == (2, 2, 40)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    rope = GPT(GPTConfig(encoding="rope", n_layer=2, n_head=2, d_model=32, train_len=32))
+    assert diagnostics.log_forget_values(rope, idx) == [None, None]
