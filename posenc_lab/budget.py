@@ -60,7 +60,7 @@ def budget_verdicts(checkpoints, *, judged_len: int | None = None, alpha: float 
     claim and part, a column per number of training tokens seen (millions). Where does a verdict flip,
     and does it flip back? A claim part with no data at every budget (it needs a length, an encoding
     or a strategy the checkpoints were not evaluated with: e.g. the ALiBi paper's order needs two lengths
-    past the training length, "T5 holds to 2x" a length of 2x) is left out of the table and named in
+    past the training length, "T5 holds to about 2x" lengths of 2x and 4x) is left out of the table and named in
     ``table.attrs["left out"]``."""
     df = budget_frame(checkpoints)
     judged_len = judged_len or int(df["eval_len"].max())

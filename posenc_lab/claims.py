@@ -20,31 +20,33 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .stats import ALPHA, FLOOR, Comparison, compare_design, frame, holm, log_growth, seed_values, verdict
+from .stats import (ALPHA, FLOOR, Comparison, compare_design, equivalence_p, frame, holm, log_growth, p_against_value,
+                    seed_values)
 
-#: perplexity growth above which an encoding is said to "break" (ALiBi paper's ordering)
+#: perplexity growth above which an encoding is said to "break" (the book's constant, used for the ALiBi paper's ordering)
 BREAK = 1.10
-#: the decision rule of every verdict, in words
-RULE = ("Seeds are the samples, and perplexities are compared on the log scale: a level is a log perplexity (the "
-        "mean loss in nats per byte), a growth is log(ppl(L') / ppl(L)). A comparison of A and B is a two-sided "
-        "t-test at alpha = 0.05 (scipy.stats): paired, on the per-seed differences, when A and B were measured on "
-        "the same seeds (two RoPE strategies of one trained model, or two encodings trained with the same seed, "
-        "which see the same batches); Welch's test when the seeds differ; a one-sample test against a threshold. "
-        "Each is reported as a ratio of perplexities (or growths) with its back-transformed 95 % interval and p. "
-        "One floor, on one scale, in both directions: a difference counts for or against a claim only when it is "
-        "resolved and at least 1 % as a ratio of perplexities (|difference of log perplexities| >= log 1.01); a "
-        "resolved difference under 1 % reads 'resolved, under 1 %' and decides nothing. Gains from far context "
-        "(nats per byte) are judged as the perplexity ratios exp(gain). A claim part holds when every comparison "
-        "behind it counts in its favour (each at alpha: all must hold); it fails when one counts against it "
-        "after Holm's correction over that part's comparisons; otherwise it is not resolved, and the direction "
-        "of the means is named. Families: Holm within each claim part; the two evaluation modes of the same "
-        "models are one family, so a claim is decided once from both modes' comparisons together (holds only "
-        "if it holds in both, fails if a comparison of either mode counts against it after Holm over both), "
-        "and each mode's own verdict is shown beside it; the exploratory grids (far-context gains, the variants "
-        "table, the checkpoints) carry Holm- and Benjamini-Hochberg-adjusted p-values beside the raw ones. "
-        "Accuracies are compared seed by seed with Fisher's exact test, never with a t-test on accuracies. With "
-        "one seed nothing is resolved. The verdicts are about this evaluation text; a paired bootstrap over its "
-        "documents of the same differences is reported beside the t-tests.")
+#: the margins of the declared analysis (book/analysis.md), on the log scale: "slightly worse" is worse by less than
+#: 10 %, "clearly worse" a growth at least 10 % larger, "stays flat" a growth within 5 % of 1 either way
+SLIGHTLY, CLEARLY, FLAT = math.log(1.10), math.log(1.10), math.log(1.05)
+#: the evaluation mode every claim is decided in, and the mode that checks it (book/analysis.md)
+PRIMARY, SENSITIVITY = "sliding", "nonoverlapping"
+#: the decision rule of every verdict, in words (the declared analysis, book/analysis.md, says it at length)
+RULE = ("Seeds are the samples; perplexities are compared on the log scale (a level is a log perplexity, a growth "
+        "is ppl(L') / ppl(L) and its log the difference of losses). Each comparison is a paired t-test over the "
+        "seeds (a one-sample test against a line), two-sided at alpha = 0.05, i.e. one-sided at 2.5 % in the "
+        "claimed direction; a difference counts only when resolved and at least 1 % (the floor, log 1.01). Each "
+        "claim's words are a test with a margin fixed in advance: 'slightly worse' is resolved and below 10 %; "
+        "'degrades least' is the signed log growth below every other encoding's; 'clearly worse' is a growth at "
+        "least 10 % larger (the interval's lower end above log 1.10); 'stays flat' is an equivalence (two one-sided "
+        "tests, the 90 % interval inside +-log 1.05); 'holds to about twice' is below a growth of 1.10 at 2x and "
+        "above it at 4x. A part holds when every comparison behind it holds (an intersection-union test); it does "
+        "not hold when one counts against it after Holm's correction over the part; a directional part whose "
+        "remaining comparisons are equivalent within the floor reads 'equal within 1 %'; otherwise it is not "
+        "resolved, inside the floor or for too few seeds (the smallest effect resolved with 80 % power is printed). "
+        "Sliding windows are the primary mode; non-overlapping windows the sensitivity analysis; a part whose two "
+        "modes resolve opposite ways is 'mode-dependent'. Accuracies are compared seed by seed with Fisher's exact "
+        "test. The verdicts are about this evaluation text: a paired bootstrap over its documents and a crossed seed "
+        "x document model are reported beside the t-tests.")
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,20 @@ class Quantity:
 
 @dataclass(frozen=True)
 class Test:
-    """``a`` against ``b`` (a :class:`Quantity`, or a threshold given as a ratio, compared with ``log(b)``),
-    wanted ``"<"`` or ``">"``."""
+    """``a`` against ``b`` (a :class:`Quantity`, or a line given as a ratio, compared with ``log(b)``), read as the
+    claim's words say (``reading``, with its ``margin`` on the log scale; book/analysis.md):
+
+    * ``"direction"``: ``a`` below (``want="<"``) or above (``">"``) ``b``, by at least the floor;
+    * ``"slightly"``: ``a`` above ``b`` by at least the floor and by less than ``margin`` (``want=">"``);
+    * ``"clearly"``: ``a`` above ``b`` by more than ``margin`` (``want=">"``);
+    * ``"equivalent"``: ``a`` within ``margin`` of ``b`` either way (``want="="``; two one-sided tests).
+    """
 
     a: Quantity
     b: Quantity | float
     want: str
+    reading: str = "direction"
+    margin: float = 0.0
 
 
 def values(df: pd.DataFrame, mode: str, q: Quantity) -> pd.Series:
@@ -103,15 +113,14 @@ def _setting(df: pd.DataFrame, mode: str, judged_len: int):
     return df, lengths, int(df["train_len"].iloc[0]), n, runs, encodings
 
 
-def claim_1b_tests(df, mode: str, judged_len: int, reading: str = "flatness") -> list[Test]:
+def claim_1b_tests(df, mode: str, judged_len: int, reading: str = "growth") -> list[Test]:
     """Claim 1b, "ALiBi is the most stable beyond the training length", as tests of ALiBi against every other
     encoding that runs at ``judged_len``.
 
-    The article says ALiBi "在外推中表现最稳定" ("performs most stably in extrapolation"). Stable means its
-    perplexity changes least with length, in either direction, so the book's reading (``"flatness"``) compares
-    the size of the log growth, ``|log(ppl(L') / ppl(L))|``. The other reading (``"growth"``) compares the signed log
-    growth, "degrades least"; it rewards a perplexity that falls with length, which in non-overlapping windows is
-    partly a scoring effect (later windows' bytes see more context on average), not the encoding."""
+    The article says ALiBi "在外推中表现最稳定" ("performs most stably in extrapolation"), against encodings that
+    degrade. The declared reading (``"growth"``) is "degrades least": ALiBi's signed log growth below every other
+    encoding's. The size of the log growth, ``|log(ppl(L') / ppl(L))|`` (``"flatness"``), is kept as a sensitivity
+    reading: it scores a perplexity that falls with length as unstable, which is not what the article means."""
     _, _, _, n, _, encodings = _setting(df, mode, judged_len)
     return [Test(Quantity(reading, "alibi", n), Quantity(reading, c, n), "<") for c in encodings if c != "alibi"]
 
@@ -123,20 +132,22 @@ def _ordering(df, lengths, train, n) -> dict:
     first, last = beyond[0], beyond[-1]
     g = lambda name, length: Quantity("growth", name, length)  # noqa: E731
     two = first < last  # an order needs two lengths past the training length ("no data" with one)
+    holds_to = [length for length in beyond if length == 2 * train]
+    broken_by = [length for length in beyond if length == 4 * train]
     return {"beyond": beyond, "parts": {
-        "sinusoidal breaks first": [Test(g("sinusoidal", first), BREAK, ">")]
-        + [Test(g("sinusoidal", first), g(o, first), ">") for o in ("rope/none", "t5", "alibi")] if two else [],
-        "then rotary": [Test(g("rope/none", last), BREAK, ">"), Test(g("rope/none", first), g("sinusoidal", first), "<")]
-        if two else [],
-        "T5 holds to 2x": [Test(g("t5", length), BREAK, "<") for length in beyond if length <= 2 * train],
-        "ALiBi stays flat": [Test(g("alibi", length), BREAK, "<") for length in beyond],
+        "sinusoidal breaks first, then rotary": [Test(g("sinusoidal", first), BREAK, ">")]
+        + [Test(g("sinusoidal", first), g(o, first), ">") for o in ("rope/none", "t5", "alibi")]
+        + [Test(g("rope/none", last), BREAK, ">")] if two else [],
+        "T5 holds to about 2x": [Test(g("t5", length), BREAK, "<") for length in holds_to]
+        + [Test(g("t5", length), BREAK, ">") for length in broken_by] if holds_to and broken_by else [],
+        "ALiBi stays flat": [Test(g("alibi", length), 1.0, "=", "equivalent", FLAT) for length in beyond],
     }}
 
 
 def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
-    """The claims as tests, judged at ``judged_len`` (the article's 4x of 512) in one mode: per claim ``id``,
-    ``claim``, ``criterion``, ``numbers`` (mean ± std over seeds, for reading) and ``parts`` (name -> tests;
-    an empty list where a part cannot be judged). Fine-tuned rows (``+ft``) had more training: not schemes."""
+    """The claims as tests (book/analysis.md), judged at ``judged_len`` (the article's 4x of 512) in one mode: per
+    claim ``id``, ``claim``, ``criterion``, ``numbers`` (mean ± std over seeds, for reading) and ``parts`` (name ->
+    tests; an empty list where a part cannot be judged). Fine-tuned rows (``+ft``) had more training: not schemes."""
     df, lengths, train, n, runs, encodings = _setting(frame(rows), mode, judged_len)
     ppl = lambda name, length=n: seed_values(df, mode, name, length)  # noqa: E731
     g = lambda name, length=n: ppl(name, length) / ppl(name, train)  # noqa: E731
@@ -146,13 +157,16 @@ def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
         return [Test(lvl(name), lvl(s), "<") for s in rivals] if name in runs else []
 
     rivals = [s for s in runs if s not in ("rope/ntk", "rope/dynamic-ntk")]
+    grown = lambda name: Quantity("growth", name, n)  # noqa: E731
     out = [{"id": "1", "claim": "1. ALiBi is slightly worse than RoPE at the training length but the most stable beyond it",
-            "criterion": f"(a) ALiBi's perplexity at {train} above RoPE's (no scaling); (b) the size of ALiBi's log "
-                         f"growth |log(ppl({n}) / ppl({train}))| below that of every other encoding that can run at {n}",
+            "criterion": f"(a) ALiBi's perplexity at {train} above RoPE's (no scaling) by at least 1 % and by less than "
+                         f"10 %; (b) ALiBi degrades least: its log growth log(ppl({n}) / ppl({train})) below that of "
+                         f"every other encoding that can run at {n}",
             "numbers": f"at {train}: ALiBi {_fmt(ppl('alibi', train))}, RoPE {_fmt(ppl('rope/none', train))}; growth to "
                        f"{n}: " + ", ".join(f"{c} {_fmt(g(c))}" for c in sorted(encodings, key=lambda c: g(c).mean())),
-            "parts": {"a (worse at training length)": [Test(Quantity("level", "alibi", train),
-                                                            Quantity("level", "rope/none", train), ">")],
+            "parts": {"a (slightly worse at training length)": [
+                          Test(Quantity("level", "alibi", train), Quantity("level", "rope/none", train), ">", "slightly",
+                               SLIGHTLY)],
                       "b (most stable)": claim_1b_tests(df, mode, n)}},
            {"id": "2", "claim": "2. RoPE with NTK-aware scaling is the most accurate of all schemes past the training length",
             "criterion": f"ntk (and, separately, dynamic-ntk) has a lower perplexity at {n} than every other scheme that "
@@ -163,10 +177,11 @@ def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
                       "dynamic-ntk most accurate": most_accurate("rope/dynamic-ntk", rivals),
                       "yarn most accurate (ours)": most_accurate("rope/yarn", [s for s in runs if s != "rope/yarn"])}},
            {"id": "3", "claim": "3. T5's bias extrapolates clearly worse than RoPE and ALiBi",
-            "criterion": f"T5's log growth log(ppl({n}) / ppl({train})) above RoPE's (no scaling) and above ALiBi's",
+            "criterion": f"T5's log growth log(ppl({n}) / ppl({train})) above RoPE's (no scaling), and above ALiBi's, "
+                         f"by more than log 1.10",
             "numbers": f"growth to {n}: T5 {_fmt(g('t5'))}, RoPE {_fmt(g('rope/none'))}, ALiBi {_fmt(g('alibi'))}",
-            "parts": {"worse than RoPE": [Test(Quantity("growth", "t5", n), Quantity("growth", "rope/none", n), ">")],
-                      "worse than ALiBi": [Test(Quantity("growth", "t5", n), Quantity("growth", "alibi", n), ">")]}}]
+            "parts": {"clearly worse than RoPE": [Test(grown("t5"), grown("rope/none"), ">", "clearly", CLEARLY)],
+                      "clearly worse than ALiBi": [Test(grown("t5"), grown("alibi"), ">", "clearly", CLEARLY)]}}]
     order = _ordering(df, lengths, train, n)
     if order:
         beyond = order["beyond"]
@@ -175,10 +190,11 @@ def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
                              "stays flat",
                     "criterion": f"an encoding breaks at a length when its growth over the training length exceeds "
                                  f"{BREAK} (a one-sample test of the log growth against log {BREAK}); judged at "
-                                 f"{', '.join(map(str, beyond))}. Sinusoidal breaks first: it breaks at {beyond[0]} and "
-                                 f"grows more there than rotary, T5 and ALiBi. Then rotary: rotary breaks by "
-                                 f"{beyond[-1]} and grows less than sinusoidal at {beyond[0]}. T5 holds: below {BREAK} up "
-                                 f"to {2 * train}. ALiBi stays flat: below {BREAK} everywhere",
+                                 f"{', '.join(map(str, beyond))}. Sinusoidal breaks first, then rotary: the sinusoids "
+                                 f"break at {beyond[0]} and grow more there than rotary, T5 and ALiBi, and rotary "
+                                 f"breaks by {beyond[-1]}. T5 holds to about 2x: below {BREAK} at {2 * train} and above "
+                                 f"it at {4 * train}. ALiBi stays flat: its growth within 5 % of 1 at every length "
+                                 f"(two one-sided tests)",
                     "numbers": "; ".join(f"{name}: growth " + ", ".join(f"{length}: {_fmt(g(name, length))}"
                                                                         for length in beyond)
                                          for name in ("sinusoidal", "rope/none", "t5", "alibi")),
@@ -186,37 +202,118 @@ def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Assessed:
+    """One comparison read as its :class:`Test` says: whether it counts for the claim (``for_ok`` with ``p_for`` below
+    alpha) and whether it counts against it (``against_ok`` with ``p_against`` below alpha after Holm over the part)."""
+
+    p_for: float
+    for_ok: bool
+    p_against: float
+    against_ok: bool
+
+    def counts_for(self, alpha: float = ALPHA) -> bool:
+        return self.for_ok and self.p_for < alpha
+
+
+def assess(test: Test, cmp: Comparison) -> Assessed:
+    """The declared analysis's reading of one comparison (book/analysis.md): ``diff`` against the floor and the
+    test's margin. A margin is tested by moving the t-test's null to it (:func:`~posenc_lab.stats.p_against_value`);
+    an equivalence by two one-sided tests (:func:`~posenc_lab.stats.equivalence_p`)."""
+    d, p, m = cmp.diff, cmp.p, test.margin
+    nan = math.nan
+    if math.isnan(d):
+        return Assessed(nan, False, nan, False)
+    if test.reading == "equivalent":
+        outside = abs(d) > m
+        return Assessed(equivalence_p(cmp, m), not outside, p_against_value(cmp, math.copysign(m, d)), outside)
+    if test.reading == "clearly":  # want ">": the lower end above the margin; against: below it
+        p_m = p_against_value(cmp, m)
+        return Assessed(p_m, d > m, p_m, d < m)
+    wanted = d < 0 if test.want == "<" else d > 0
+    big = abs(d) >= FLOOR
+    if test.reading == "slightly":  # want ">": at least the floor, and below the margin
+        p_m = p_against_value(cmp, m)
+        if d > m:
+            return Assessed(max(p, p_m), False, p_m, True)
+        return Assessed(max(p, p_m), wanted and big, p, (not wanted) and big)
+    return Assessed(p, wanted and big, p, (not wanted) and big)
+
+
+def judge(pairs: list, *, alpha: float = ALPHA) -> str:
+    """The verdict of one claim part in one mode from its ``(Test, Comparison)`` pairs (book/analysis.md):
+    ``holds`` (every comparison counts for it: an intersection-union test), ``fails`` (one counts against it after
+    Holm over the part), ``equal within 1 %`` (a directional part whose comparisons that do not count are each
+    equivalent within the floor), ``not resolved (inside the floor)`` (those comparisons all lie within 1 %),
+    ``not resolved (too few seeds)``, or ``no data``."""
+    pairs = [(t, c) for t, c in pairs if not math.isnan(c.diff)]
+    if not pairs:
+        return "no data"
+    seen = [assess(t, c) for t, c in pairs]
+    against = holm([a.p_against if a.against_ok else math.nan for a in seen])
+    if any(not math.isnan(q) and q < alpha for q in against):
+        return "fails"
+    if all(a.counts_for(alpha) for a in seen):
+        return "holds"
+    rest = [(t, c) for (t, c), a in zip(pairs, seen) if not a.counts_for(alpha)]
+    if all(t.reading == "direction" and isinstance(t.b, Quantity) for t, _ in rest) and all(
+            equivalence_p(c, FLOOR) < alpha for _, c in rest):
+        return "equal within 1 %"
+    if all(abs(c.diff) < FLOOR for _, c in rest):
+        return "not resolved (inside the floor)"
+    return "not resolved (too few seeds)"
+
+
+def primary_mode(rows, *, judged_len: int = 2048) -> str:
+    """The mode a run's claims are decided in: :data:`PRIMARY` (sliding windows) where the run scored them at
+    ``judged_len``, else :data:`SENSITIVITY`."""
+    df = frame(rows)
+    have = set(df.loc[df.eval_mode == PRIMARY, "eval_len"])
+    return PRIMARY if judged_len in have else SENSITIVITY
+
+
+def opposite(a: str, b: str) -> bool:
+    """Whether two verdicts resolve opposite ways: one ``holds`` (or ``equal within``), the other ``fails``."""
+    positive = lambda v: v == "holds" or v.startswith("equal within")  # noqa: E731
+    return (positive(a) and b == "fails") or (a == "fails" and positive(b))
+
+
 def claims(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict]:
-    """The claims of :func:`claim_specs` judged in one mode under :data:`RULE`: each with ``verdicts`` (part ->
-    verdict) and ``comparisons`` (part -> list of ``(Test, Comparison)``)."""
+    """The claims of :func:`claim_specs` judged in one mode under :data:`RULE` (:func:`judge`): each with
+    ``verdicts`` (part -> verdict) and ``comparisons`` (part -> list of ``(Test, Comparison)``)."""
     df = frame(rows)
     out = []
     for c in claim_specs(df, mode, judged_len=judged_len):
         tested = {part: [(t, run_test(df, mode, t, alpha=alpha)) for t in tests] for part, tests in c["parts"].items()}
-        verdicts = {part: verdict([(cmp, t.want) for t, cmp in pairs]) for part, pairs in tested.items()}
+        verdicts = {part: judge(pairs, alpha=alpha) for part, pairs in tested.items()}
         out.append({**c, "comparisons": tested, "verdicts": verdicts})
     return out
 
 
-def decided(rows, *, modes=("sliding", "nonoverlapping"), judged_len: int = 2048, alpha: float = ALPHA) -> dict:
-    """Each claim part decided once from both modes: the comparisons of every mode in one family (one call of
-    :func:`~posenc_lab.stats.verdict`, so Holm runs over both modes' comparisons and "holds" needs every one of them)."""
-    pooled: dict[str, list] = {}
-    for mode in modes:
-        for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
-            for part, pairs in c["comparisons"].items():
-                pooled.setdefault(f"{c['id']}: {part}", []).extend((cmp, t.want) for t, cmp in pairs)
-    return {name: verdict(pairs) for name, pairs in pooled.items()}
+def decided(rows, *, modes=(PRIMARY, SENSITIVITY), judged_len: int = 2048, alpha: float = ALPHA) -> dict:
+    """Each claim part decided as book/analysis.md says: its verdict in the primary mode (:func:`primary_mode`),
+    or ``mode-dependent`` where the sensitivity mode resolves the opposite way (:func:`opposite`)."""
+    per_mode = {mode: {f"{c['id']}: {part}": v for c in claims(rows, mode, judged_len=judged_len, alpha=alpha)
+                       for part, v in c["verdicts"].items()}
+                for mode in modes if mode in set(frame(rows)["eval_mode"])}
+    first = primary_mode(rows, judged_len=judged_len)
+    other = [m for m in per_mode if m != first]
+    out = {}
+    for name, v in per_mode[first].items():
+        seen = [per_mode[m].get(name, "no data") for m in other]
+        out[name] = "mode-dependent" if any(opposite(v, s) for s in seen) else v
+    return out
 
 
 def claim_1b_readings(rows, mode: str, *, judged_len: int = 2048, alpha: float = ALPHA) -> dict:
-    """Claim 1b under both readings (:func:`claim_1b_tests`): ``{"smallest |log growth| (the book's)": verdict,
-    "smallest log growth (signed)": verdict}``."""
+    """Claim 1b under both readings (:func:`claim_1b_tests`), each judged by :func:`judge`: ``{"degrades least
+    (signed log growth, declared)": verdict, "smallest |log growth| (sensitivity)": verdict}``."""
     df = frame(rows)
     said = {}
-    for name, reading in (("smallest |log growth| (the book's)", "flatness"), ("smallest log growth (signed)", "growth")):
+    for name, reading in (("degrades least (signed log growth, declared)", "growth"),
+                          ("smallest |log growth| (sensitivity)", "flatness")):
         tests = claim_1b_tests(df, mode, judged_len, reading)
-        said[name] = verdict([(run_test(df, mode, t, alpha=alpha), t.want) for t in tests])
+        said[name] = judge([(t, run_test(df, mode, t, alpha=alpha)) for t in tests], alpha=alpha)
     return said
 
 
@@ -333,7 +430,48 @@ def claim_bootstrap(documents, tests, *, train: int, resamples: int = 2000, seed
     return pd.DataFrame(records, columns=["diff", "low", "high"])
 
 
-__all__ = ["BREAK", "FLOOR", "RULE", "Quantity", "Test", "claim_1b_readings", "claim_1b_tests", "claim_bootstrap",
-           "claim_specs", "claims", "claims_text", "comparison_table", "decided", "document_losses", "run_test",
-           "values"]
+def _per_document(df: pd.DataFrame, mode: str, q: Quantity, train: int) -> pd.Series:
+    """Each seed's loss on each document for ``q`` (indexed by seed and document): the level at ``q.length``, or the
+    growth from ``train`` (the document's loss at ``q.length`` minus its loss at ``train``)."""
+    def at(length):
+        cell = df[(df.eval_mode == mode) & (df.label == q.label) & (df.eval_len == length)]
+        return cell.groupby(["seed", "document"])["loss"].mean()
+
+    return at(q.length) if q.kind == "level" else at(q.length) - at(train)
+
+
+def document_model(documents, test: Test, mode: str, *, train: int) -> dict:
+    """The difference ``test`` rests on, with documents as samples beside the seeds: a crossed random-effects
+    model of the per-seed, per-document differences ``d[seed, document] = mu + u[seed] + v[document] + e``,
+    fitted by REML with statsmodels' ``MixedLM`` (one group, a variance component for the seed and one for the
+    document). Returns ``diff`` (mu), ``se`` (its standard error), ``seed_sd`` and ``document_sd`` (the components'
+    standard deviations) and ``cells``; NaN where ``test`` is not between two labels' levels or growths. A
+    sensitivity: no verdict rests on it (book/analysis.md)."""
+    import warnings
+
+    import statsmodels.formula.api as smf
+
+    nan = {"diff": math.nan, "se": math.nan, "seed_sd": math.nan, "document_sd": math.nan, "cells": 0}
+    if not isinstance(test.b, Quantity) or test.a.kind not in ("level", "growth"):
+        return nan
+    df = frame(documents)
+    d = (_per_document(df, mode, test.a, train) - _per_document(df, mode, test.b, train)).dropna()
+    if d.empty or d.index.get_level_values("seed").nunique() < 2:
+        return nan
+    data = d.rename("d").reset_index().assign(group=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = smf.mixedlm("d ~ 1", data, groups="group", re_formula="0",
+                          vc_formula={"seed": "0 + C(seed)", "document": "0 + C(document)"}).fit(reml=True)
+    names = list(fit.model.exog_vc.names)
+    var = dict(zip(names, np.asarray(fit.vcomp, float)))
+    return {"diff": float(fit.fe_params.iloc[0]), "se": float(fit.bse_fe.iloc[0]),
+            "seed_sd": math.sqrt(max(var.get("seed", math.nan), 0.0)),
+            "document_sd": math.sqrt(max(var.get("document", math.nan), 0.0)), "cells": len(data)}
+
+
+__all__ = ["BREAK", "CLEARLY", "FLAT", "FLOOR", "PRIMARY", "RULE", "SENSITIVITY", "SLIGHTLY", "Assessed", "Quantity",
+           "Test", "assess", "claim_1b_readings", "claim_1b_tests", "claim_bootstrap", "claim_specs", "claims",
+           "claims_text", "comparison_table", "decided", "document_losses", "document_model", "judge", "opposite",
+           "primary_mode", "run_test", "values"]
 

@@ -11,56 +11,67 @@ import math
 
 import pandas as pd
 
-from .claims import Quantity, Test, claims, values
-from .stats import ALPHA, Comparison, frame, holm, verdict
+from .claims import PRIMARY, SENSITIVITY, Quantity, Test, assess, claims, opposite, primary_mode, values
+from .stats import ALPHA, Comparison, frame, holm, smallest_resolved
 
 
 
 def deciding(pairs: list) -> tuple:
-    """The comparison a verdict rests on: of ``(Test, Comparison)`` pairs, the strongest one resolved against the
-    claim (a ``fails`` rests on it), else the one with the largest p (the weakest link of a claim that needs every
-    comparison)."""
-    against = [(t, c) for t, c in pairs if c.matters and c.sign not in ("~", t.want)]
+    """The comparison a verdict rests on, of ``(Test, Comparison)`` pairs: the one that counts against the claim
+    most strongly (a ``fails`` rests on it); else, of the comparisons that do not count for the claim, the one with
+    the largest ``p`` (the weakest link of a part that needs every comparison); else, when all count for it, the
+    closest one, the smallest difference (:func:`~posenc_lab.claims.assess`)."""
+    seen = [(t, c, assess(t, c)) for t, c in pairs if not math.isnan(c.diff)]
+    if not seen:
+        return (None, None)
+    against = [(t, c, a) for t, c, a in seen if a.against_ok and a.p_against < c.alpha]
     if against:
-        return min(against, key=lambda tc: tc[1].p)
-    return max(pairs, key=lambda tc: (-1 if math.isnan(tc[1].p) else tc[1].p))
+        t, c, _ = min(against, key=lambda x: x[2].p_against)
+        return t, c
+    short = [(t, c, a) for t, c, a in seen if not a.counts_for(c.alpha)]
+    if not short:  # every comparison holds: the one nearest to not holding (its difference, or its margin)
+        t, c, _ = min(seen, key=lambda x: x[0].margin - abs(x[1].diff) if x[0].reading == "equivalent"
+                      else abs(x[1].diff))
+        return t, c
+    t, c, _ = max(short, key=lambda x: -1 if math.isnan(x[2].p_for) else x[2].p_for)
+    return t, c
 
 
-def pooled_comparisons(rows, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
-                       alpha: float = ALPHA) -> dict[str, list]:
-    """Each claim part's comparisons in every mode, judged once: ``{part: [(Test, Comparison, mode), ...]}``, the
-    family :func:`~posenc_lab.claims.decided` decides a part in."""
-    pooled: dict[str, list] = {}
-    for mode in modes:
-        for c in claims(rows, mode, judged_len=judged_len, alpha=alpha):
-            for part, pairs in c["comparisons"].items():
-                pooled.setdefault(f"{c['id']}: {part}", []).extend((t, cmp, mode) for t, cmp in pairs)
-    return pooled
+def part_verdicts(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> dict[str, dict]:
+    """Every claim part of a run as the declared analysis decides it (book/analysis.md): ``{part: {"verdict": the
+    decision, "mode": the primary mode, "primary": its verdict there, "sensitivity": its verdict in the other mode
+    (or None), "pairs": {mode: [(Test, Comparison), ...]}}}``."""
+    df = frame(rows)
+    first = primary_mode(df, judged_len=judged_len)
+    modes = [first] + [m for m in (PRIMARY, SENSITIVITY) if m != first and m in set(df["eval_mode"])]
+    per_mode = {m: {f"{c['id']}: {part}": (c["verdicts"][part], c["comparisons"][part])
+                    for c in claims(df, m, judged_len=judged_len, alpha=alpha) for part in c["verdicts"]}
+                for m in modes}
+    out = {}
+    for part, (v, pairs) in per_mode[first].items():
+        other = per_mode[modes[1]][part][0] if len(modes) > 1 and part in per_mode[modes[1]] else None
+        out[part] = {"verdict": "mode-dependent" if other is not None and opposite(v, other) else v, "mode": first,
+                     "primary": v, "sensitivity": other,
+                     "pairs": {m: per_mode[m][part][1] for m in modes if part in per_mode[m]}}
+    return out
 
 
-def _rests_on(triples: list) -> tuple:
-    """The ``(Test, Comparison, mode)`` a part's verdict rests on (:func:`deciding`) and its index in ``triples``."""
-    t, cmp = deciding([(t, c) for t, c, _ in triples])
-    k = next(i for i, (_, c, _) in enumerate(triples) if c is cmp)
-    return triples[k], k
-
-
-def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonoverlapping"),
-                 alpha: float = ALPHA) -> pd.DataFrame:
-    """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict
-    decided from both modes (as :func:`~posenc_lab.claims.decided`: one family) and the comparison it rests on
-    (:func:`deciding`, over both modes' comparisons: ``A / B = ratio [95 % interval], p`` and its mode); then
-    ``same verdict`` across the runs."""
+def side_by_side(runs: dict, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """Every claim's verdict in several runs (``{name: rows}``: two recipes, two domains): per run the verdict the
+    declared analysis decides (:func:`part_verdicts`) and the comparison it rests on in the primary mode
+    (:func:`deciding`: ``A / B = ratio [95 % interval], p``); then ``same verdict`` across the runs."""
     table = {}
     for name, rows in runs.items():
-        pooled = pooled_comparisons(rows, judged_len=judged_len, modes=modes, alpha=alpha)
-        table[(name, "verdict")] = {part: verdict([(c, t.want) for t, c, _ in triples])
-                                    for part, triples in pooled.items()}
+        parts = part_verdicts(rows, judged_len=judged_len, alpha=alpha)
+        table[(name, "verdict")] = {part: p["verdict"] for part, p in parts.items()}
         effects = {}
-        for part, triples in pooled.items():
-            (t, cmp, mode), _ = _rests_on(triples)
+        for part, p in parts.items():
+            t, cmp = deciding(p["pairs"][p["mode"]])
+            if t is None:
+                effects[part] = "no data"
+                continue
             against = t.b.label if isinstance(t.b, Quantity) else f"{t.b:g}"
-            effects[part] = f"{t.a.label} / {against} = {cmp.reading()} ({mode})"
+            effects[part] = f"{t.a.label} / {against} = {cmp.reading()} ({p['mode']})"
         table[(name, "rests on")] = effects
     side = pd.DataFrame(table)
     side.columns = pd.MultiIndex.from_tuples(side.columns)
@@ -70,16 +81,15 @@ def side_by_side(runs: dict, *, judged_len: int = 2048, modes=("sliding", "nonov
 
 #: each claim part as its source states it, in words
 STATEMENTS = {
-    "1: a (worse at training length)": "ALiBi is slightly worse than RoPE at the training length (the article).",
-    "1: b (most stable)": "ALiBi is the most stable encoding past the training length (the article).",
+    "1: a (slightly worse at training length)": "ALiBi is slightly worse than RoPE at the training length (the article).",
+    "1: b (most stable)": "ALiBi is the most stable encoding past the training length: it degrades least (the article).",
     "2: ntk most accurate": "RoPE with NTK-aware scaling is the most accurate past the training length (the article).",
     "2: dynamic-ntk most accurate": "RoPE with dynamic NTK is the most accurate past the training length (the article).",
     "2: yarn most accurate (ours)": "RoPE with YaRN is the most accurate past the training length (our question).",
-    "3: worse than RoPE": "T5's bias extrapolates clearly worse than RoPE (the article).",
-    "3: worse than ALiBi": "T5's bias extrapolates clearly worse than ALiBi (the article).",
-    "ordering: sinusoidal breaks first": "The sinusoids break first (the ALiBi paper).",
-    "ordering: then rotary": "RoPE breaks after the sinusoids (the ALiBi paper).",
-    "ordering: T5 holds to 2x": "T5 holds to about twice the training length (the ALiBi paper).",
+    "3: clearly worse than RoPE": "T5's bias extrapolates clearly worse than RoPE (the article).",
+    "3: clearly worse than ALiBi": "T5's bias extrapolates clearly worse than ALiBi (the article).",
+    "ordering: sinusoidal breaks first, then rotary": "The sinusoids break first, then RoPE (the ALiBi paper).",
+    "ordering: T5 holds to about 2x": "T5 holds to about twice the training length, and no further (the ALiBi paper).",
     "ordering: ALiBi stays flat": "ALiBi stays flat (the ALiBi paper).",
 }
 NAMES = {"nope": "NoPE", "sinusoidal": "the sinusoids", "learned": "the learned table", "rope/none": "RoPE",
@@ -99,62 +109,131 @@ def _of(label: str) -> str:
     return name + ("'" if name.endswith("s") else "'s")
 
 
-def effect_in_words(test: Test, cmp: Comparison, train: int, means: dict | None = None) -> str:
-    """One comparison as a reader says it: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``.
+def growth_factor(df: pd.DataFrame, mode: str, label: str, length: int, *, alpha: float = ALPHA) -> tuple:
+    """``label``'s growth from the training length to ``length`` in ``mode``: ``(factor, low, high)``, the
+    exponentiated mean log growth over the seeds and its ``1 - alpha`` t-interval."""
+    from .stats import compare
 
-    A flatness test (the size of the log growth) is said as the two sizes and their difference (``means``: the
-    mean ``|log growth|`` of each label); a test against a line as the growth factor and the line."""
+    c = compare(values(df, mode, Quantity("growth", label, length)).to_numpy(), 0.0, alpha=alpha, scale="log")
+    return c.ratio, *c.interval
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g} %" if abs(x) < 0.1 else f"{100 * x:.0f} %"
+
+
+_NUMBERS = {2: "Two", 3: "Three", 4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight", 9: "Nine", 10: "Ten"}
+
+
+def effect_in_words(test: Test, cmp: Comparison, train: int, df: pd.DataFrame | None = None,
+                    mode: str | None = None) -> str:
+    """One comparison as a reader says it. A level: ``ALiBi's perplexity at 512 is 0.90 times RoPE's [0.86, 0.95]``.
+    A growth against a growth: each encoding's growth factor with its interval (from ``df`` in ``mode``), then the
+    difference of their log growths in nats with its interval; never "X times the growth". A growth against a line:
+    the growth factor and the line. An equivalence: the growth factor with its 90 % interval and the margin."""
     low, high = cmp.interval
     a = test.a
     if not isinstance(test.b, Quantity):  # a one-sample test of a growth against a line
         b = float(test.b)
+        if test.reading == "equivalent":
+            from .stats import compare
+
+            lo, hi = compare(values(df, mode, a).to_numpy(), math.log(b), alpha=2 * cmp.alpha, scale="log").interval
+            return (f"{_of(a.label)} perplexity changes by a factor of {cmp.ratio * b:.3f} from {train} to "
+                    f"{a.length:,} [90 % interval {lo * b:.3f}, {hi * b:.3f}]; flat means within "
+                    f"{_pct(math.exp(test.margin) - 1)}")
         return (f"{_of(a.label)} perplexity changes by a factor of {cmp.ratio * b:.3f} from {train} to {a.length:,} "
-                f"[{low * b:.3f}, {high * b:.3f}] (the breaking threshold is {b:g})")
-    if a.kind == "flatness":
-        sizes = f" is {means[a.label]:.3f} against {_of(test.b.label)} {means[test.b.label]:.3f}" if means else ""
-        return (f"{_of(a.label)} |log growth| to {a.length:,}{sizes}, a difference of {cmp.diff:+.3f} "
-                f"[{cmp.low:+.3f}, {cmp.high:+.3f}]")
-    what = {"level": f"perplexity at {a.length:,}", "growth": f"growth to {a.length:,}"}[a.kind]
-    return f"{_of(a.label)} {what} is {cmp.ratio:.2f} times {_of(test.b.label)} [{low:.2f}, {high:.2f}]"
+                f"[{low * b:.3f}, {high * b:.3f}] (the break is {b:.2f})")
+    if a.kind == "level":
+        return f"{_of(a.label)} perplexity at {a.length:,} is {cmp.ratio:.2f} times {_of(test.b.label)} [{low:.2f}, {high:.2f}]"
+    what = "|log growth|" if a.kind == "flatness" else "log growth"
+    grown = ""
+    if df is not None and a.kind == "growth":
+        (ga, la, ha), (gb, lb, hb) = (growth_factor(df, mode, q.label, q.length) for q in (a, test.b))
+        grown = (f"{_of(a.label)} perplexity grows by a factor of {ga:.3g} [{la:.3g}, {ha:.3g}] from {train} to "
+                 f"{a.length:,}, {_of(test.b.label)} by {gb:.3g} [{lb:.3g}, {hb:.3g}]; ")
+    return (f"{grown}the {what}s differ by {cmp.diff:+.3f} nats [{cmp.low:+.3f}, {cmp.high:+.3f}] "
+            f"({_name(a.label)} minus {_name(test.b.label)})")
 
 
 def findings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> list[dict]:
-    """Each claim part for a reader: ``claim`` (as its source states it), ``verdict`` (decided from both modes),
-    ``effect`` (the comparison it rests on, :func:`deciding`, in words), its ``p``, ``p_holm`` (adjusted over the
-    claim part's comparisons in both modes, the family the verdict is decided in) and ``mode``."""
+    """Each claim part for a reader, as the declared analysis decides it (:func:`part_verdicts`): ``claim`` (as its
+    source states it), ``verdict``, ``mode`` (the primary mode), ``primary`` and ``sensitivity`` (the verdict in each
+    mode), ``effect`` (the comparison it rests on in the primary mode, :func:`deciding`, in words), its ``p``,
+    ``p_holm`` (Holm over the part's comparisons in that mode), ``resolves`` (the smallest difference, as a ratio
+    minus 1, its test resolves with 80 % power at the seeds' spread) and ``seeds``; for a mode-dependent part,
+    ``effect_sensitivity`` too."""
     df = frame(rows)
     train = int(df["train_len"].iloc[0])
     out = []
-    for part, triples in pooled_comparisons(rows, judged_len=judged_len, alpha=alpha).items():
-        (t, cmp, mode), k = _rests_on(triples)
-        means = ({q.label: float(values(df, mode, q).mean()) for q in (t.a, t.b)}
-                 if t.a.kind == "flatness" else None)
-        out.append({"part": part, "claim": STATEMENTS.get(part, part),
-                    "verdict": verdict([(c, t_.want) for t_, c, _ in triples]),
-                    "effect": effect_in_words(t, cmp, train, means), "p": cmp.p,
-                    "p_holm": holm([c.p for _, c, _ in triples])[k], "mode": mode})
+    for part, p in part_verdicts(df, judged_len=judged_len, alpha=alpha).items():
+        mode, pairs = p["mode"], p["pairs"][p["mode"]]
+        t, cmp = deciding(pairs)
+        if t is None:
+            out.append({"part": part, "claim": STATEMENTS.get(part, part), "verdict": p["verdict"], "mode": mode,
+                        "primary": p["primary"], "sensitivity": p["sensitivity"], "effect": "no data",
+                        "p": math.nan, "p_holm": math.nan, "resolves": math.nan, "seeds": 0, "comparisons": 0})
+            continue
+        k = next(i for i, (_, c) in enumerate(pairs) if c is cmp)
+        judged = [assess(t_, c) for t_, c in pairs]
+        p_holm = holm([a.p_against for a in judged])[k]
+        said = assess(t, cmp)
+        p_value = said.p_against if p["primary"] == "fails" else said.p_for
+        record = {"part": part, "claim": STATEMENTS.get(part, part), "verdict": p["verdict"], "mode": mode,
+                  "primary": p["primary"], "sensitivity": p["sensitivity"],
+                  "effect": effect_in_words(t, cmp, train, df, mode), "p": p_value, "p_holm": p_holm,
+                  "resolves": math.expm1(smallest_resolved(cmp)), "seeds": cmp.n[0],
+                  "comparisons": len(pairs)}
+        if p["verdict"] == "mode-dependent":
+            other = [m for m in p["pairs"] if m != mode][0]
+            t2, c2 = deciding(p["pairs"][other])
+            record["effect_sensitivity"] = effect_in_words(t2, c2, train, df, other)
+        out.append(record)
     return out
 
 
 def verdict_in_words(verdict: str) -> str:
-    """``holds`` -> ``Holds``; ``fails`` -> ``Does not hold``; ``not resolved (the means point to fails)`` ->
-    ``Not resolved (the means lean against it)``."""
+    """A verdict as the first screen says it: ``holds`` -> ``Holds``; ``fails`` -> ``Does not hold``; ``equal within
+    1 %`` -> ``Equal within 1 %``; ``not resolved (too few seeds)`` -> ``Not resolved: too few seeds``; ``not resolved
+    (inside the floor)`` -> ``Not resolved: the difference is under 1 %``; ``mode-dependent`` -> ``Mode-dependent``."""
     if verdict.startswith("not resolved"):
-        lean = " (the means lean against it)" if "fails" in verdict else " (the means lean towards it)" \
-            if "holds" in verdict else ""
-        return "Not resolved" + lean
+        if "floor" in verdict or "under 1 %" in verdict:
+            return "Not resolved: the difference is under 1 %"
+        if "few seeds" in verdict:
+            return "Not resolved: too few seeds"
+        return "Not resolved"
     return {"holds": "Holds", "fails": "Does not hold"}.get(verdict, verdict[0].upper() + verdict[1:])
 
 
+MODE_WORDS = {"sliding": "sliding windows", "nonoverlapping": "non-overlapping windows"}
+
+
 def findings_markdown(rows, *, judged_len: int = 2048) -> str:
-    """:func:`findings` as a Markdown list, one line a claim part (the README's and chapter 10's first screen)."""
+    """:func:`findings` as a Markdown list, one line a claim part, every line in the primary mode with the
+    sensitivity mode's verdict beside it (the README's and chapter 10's first screen)."""
     lines = []
     for f in findings(rows, judged_len=judged_len):
+        if f["effect"] == "no data":
+            lines.append(f"- {f['claim']} **No data.** This run cannot judge it.")
+            continue
         effect = f["effect"][0].upper() + f["effect"][1:]
-        lines.append(f"- {f['claim']} **{verdict_in_words(f['verdict'])}.** {effect}, p = {f['p']:.2g}, "
-                     f"{f['p_holm']:.2g} after Holm ({f['mode'].replace('nonoverlapping', 'non-overlapping')} "
-                     "windows).")
+        holm_said = f", {f['p_holm']:.2g} after Holm" if f["primary"] == "fails" and f["comparisons"] > 1 else ""
+        power = (f" {_NUMBERS.get(f['seeds'], f['seeds'])} seeds resolve a difference of {_pct(f['resolves'])} with 80 % power."
+                 if not math.isnan(f["resolves"]) else "")
+        mode, other = MODE_WORDS[f["mode"]], f["sensitivity"]
+        beside = f"; in {MODE_WORDS[SENSITIVITY if f['mode'] == PRIMARY else PRIMARY]}: " \
+                 f"{verdict_in_words(other).lower()}" if other else ""
+        line = (f"- {f['claim']} **{verdict_in_words(f['verdict'])}.** {effect}, p = {f['p']:.2g}{holm_said}."
+                f"{power} ({mode}{beside}.)")
+        if f["verdict"] == "mode-dependent":
+            line += f" In {MODE_WORDS[f['mode']]} it {_verb(f['primary'])}; in the other mode it " \
+                    f"{_verb(other)}: {f['effect_sensitivity']}."
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _verb(verdict: str) -> str:
+    return {"holds": "holds", "fails": "does not hold"}.get(verdict, "is " + verdict_in_words(verdict).lower())
 
 
 def mean_loss_at_train_len(rows, labels, *, mode: str = "nonoverlapping") -> float:
@@ -251,3 +330,77 @@ def retrieval_against_baselines(rows, methods, *, baselines=BASELINES, floor: fl
     counted = (family["p BH"] < alpha) & (family["difference"].abs() >= floor)
     outcome = family["difference"].gt(0).map({True: "higher", False: "lower"})
     return family.assign(outcome=outcome.where(counted, "not resolved"))
+
+
+# --------------------------------------------------------------------------------------------- beside the verdicts
+
+
+def power_table(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """Beside every verdict, the comparison it rests on in the primary mode (:func:`deciding`) and what its seeds can
+    resolve: ``difference`` (nats), ``sd`` (of the per-seed differences), ``seeds``, ``resolves`` (the smallest
+    difference, in nats, that its two-sided t-test resolves with 80 % power at that spread:
+    :func:`~posenc_lab.stats.smallest_resolved`) and ``why`` for a verdict not resolved: ``inside the floor`` or
+    ``too few seeds``."""
+    from .stats import FLOOR
+
+    records = []
+    for part, p in part_verdicts(rows, judged_len=judged_len, alpha=alpha).items():
+        t, c = deciding(p["pairs"][p["mode"]])
+        if t is None:
+            continue
+        why = ""
+        if p["verdict"].startswith("not resolved"):
+            why = "inside the floor" if abs(c.diff) < FLOOR else "too few seeds"
+        against = t.b.label if isinstance(t.b, Quantity) else f"line {t.b:g}"
+        records.append({"claim": part, "verdict": p["verdict"], "mode": p["mode"],
+                        "comparison": f"{t.a} against {against}", "difference": c.diff,
+                        "sd": c.se * math.sqrt(c.n[0]) if c.kind in ("paired", "threshold") else math.nan,
+                        "seeds": c.n[0], "resolves": smallest_resolved(c), "why": why})
+    return pd.DataFrame(records)
+
+
+def document_table(rows, documents, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """Documents as samples beside the seeds, for the comparison each claim part rests on in the primary mode
+    (:func:`deciding`) where it is between two labels: the seeds' paired t-test (``difference``, ``se seeds``) and
+    the crossed seed x document model (:func:`~posenc_lab.claims.document_model`: ``difference model``, ``se model``,
+    ``seed sd``, ``document sd``). A sensitivity; no verdict rests on it."""
+    from .claims import document_model
+
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
+    records = []
+    for part, p in part_verdicts(df, judged_len=judged_len, alpha=alpha).items():
+        t, c = deciding(p["pairs"][p["mode"]])
+        if t is None or not isinstance(t.b, Quantity):
+            continue
+        m = document_model(documents, t, p["mode"], train=train)
+        records.append({"claim": part, "comparison": f"{t.a} against {t.b}", "difference": c.diff, "se seeds": c.se,
+                        "difference model": m["diff"], "se model": m["se"], "seed sd": m["seed_sd"],
+                        "document sd": m["document_sd"]})
+    return pd.DataFrame(records)
+
+
+def seed_group_shift(rows, late, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """Whether the seeds in ``late`` (trained elsewhere: another device, other kernels) differ from the others in
+    the comparisons the verdicts rest on: per claim part's deciding comparison between two labels (primary mode),
+    the mean per-seed difference over the other seeds and over ``late``, ``shift`` (late minus early), the
+    standard deviation of the per-seed differences within the two groups (``seed sd``, pooled), and Welch's ``p``
+    of the shift (scipy)."""
+    from scipy import stats as st
+
+    df = frame(rows)
+    late = set(late)
+    records = []
+    for part, p in part_verdicts(df, judged_len=judged_len, alpha=alpha).items():
+        t, c = deciding(p["pairs"][p["mode"]])
+        if t is None or not isinstance(t.b, Quantity):
+            continue
+        d = (values(df, p["mode"], t.a) - values(df, p["mode"], t.b)).dropna()
+        a, b = d[~d.index.isin(late)], d[d.index.isin(late)]
+        if len(a) < 2 or len(b) < 2:
+            continue
+        pooled = math.sqrt(((len(a) - 1) * a.var() + (len(b) - 1) * b.var()) / (len(a) + len(b) - 2))
+        records.append({"claim": part, "comparison": f"{t.a} against {t.b}", "early": float(a.mean()),
+                        "late": float(b.mean()), "shift": float(b.mean() - a.mean()), "seed sd": pooled,
+                        "p": float(st.ttest_ind(b, a, equal_var=False).pvalue)})
+    return pd.DataFrame(records)

@@ -15,6 +15,7 @@ README.md, book/intro.md and every run's README equal what this module writes (`
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -82,17 +83,25 @@ def _names(labels) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+_SEEDS = {1: "one seed", 2: "two seeds", 3: "three seeds", 4: "four seeds", 5: "five seeds", 10: "ten seeds"}
+
+
 @lru_cache(maxsize=None)
 def run_block() -> str:
-    """Why the headline run is the one shown: the lower mean loss at the training length of the two recipes."""
+    """Which run the first screen shows, and why (the declared analysis's rule: the recipe with more optimiser steps
+    for the same bytes), with the verdicts the other recipe decides otherwise."""
     spec = _spec(HEADLINE)
     model = spec.model
-    ours, other = mean_loss_at_train_len(HEADLINE), mean_loss_at_train_len(OTHER_RECIPE)
-    seeds = {1: "one seed", 2: "two seeds", 3: "three seeds"}.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
+    seeds = _SEEDS.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
+    side = findings.side_by_side({HEADLINE: rows_of(HEADLINE), OTHER_RECIPE: rows_of(OTHER_RECIPE)})
+    differ = [SHORT.get(part, part) for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
+    other = (f"Under `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}, {_SEEDS.get(len(_spec(OTHER_RECIPE).seeds))}), "
+             + (f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}: "
+                f"{_listed(differ)}." if differ
+                else "every verdict is the same."))
     return (f"The headline run is `{HEADLINE}`: a {model.n_layer}-layer, {model.d_model}-wide byte model "
             f"trained at {model.train_len} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
-            f"{seeds}. Its mean loss at {model.train_len} over {_names(COMPARED)} is {ours:.3f} nats per byte, "
-            f"against {other:.3f} for `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}).")
+            f"{seeds}. Of the two recipes with the same bytes, it takes more optimiser steps. {other}")
 
 
 @lru_cache(maxsize=None)
@@ -103,16 +112,15 @@ def findings_block() -> str:
 
 #: each claim part in a few words, for the line on prose
 SHORT = {
-    "1: a (worse at training length)": "ALiBi slightly worse than RoPE at the training length",
+    "1: a (slightly worse at training length)": "ALiBi slightly worse than RoPE at the training length",
     "1: b (most stable)": "ALiBi the most stable",
     "2: ntk most accurate": "NTK the most accurate",
     "2: dynamic-ntk most accurate": "dynamic NTK the most accurate",
     "2: yarn most accurate (ours)": "YaRN the most accurate",
-    "3: worse than RoPE": "T5 worse than RoPE",
-    "3: worse than ALiBi": "T5 worse than ALiBi",
-    "ordering: sinusoidal breaks first": "the sinusoids break first",
-    "ordering: then rotary": "RoPE breaks next",
-    "ordering: T5 holds to 2x": "T5 holds to 2x",
+    "3: clearly worse than RoPE": "T5 clearly worse than RoPE",
+    "3: clearly worse than ALiBi": "T5 clearly worse than ALiBi",
+    "ordering: sinusoidal breaks first, then rotary": "the sinusoids break first, then RoPE",
+    "ordering: T5 holds to about 2x": "T5 holds to about 2x",
     "ordering: ALiBi stays flat": "ALiBi stays flat",
 }
 
@@ -131,7 +139,7 @@ def prose_block(base: str = "") -> str:
     side = _prose_side()
     differ = [part for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
     lines = [f"On English prose (`{PROSE}`: the same recipe on Jane Austen's novels and the World English Bible), "
-             f"{len(differ)} of the {len(side)} verdicts differ."]
+             f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}."]
     groups: dict[str, list[str]] = {}
     for part in differ:
         verdict = findings.verdict_in_words(side.loc[part, (PROSE, "verdict")]).split(" (")[0]
@@ -332,8 +340,8 @@ def _caveats(run: str) -> list[str]:
     df = frame(rows)
     train = int(df["train_len"].iloc[0])
     spread = report.spread_at_training_length(rows, [x for x in COMPARED if x in set(df.label)])
-    strict = report.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("both modes", 2048)]
-    usual = report.verdict_table(rows, judged_lens=(2048,))[("both modes", 2048)]
+    strict = report.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("decided", 2048)]
+    usual = report.verdict_table(rows, judged_lens=(2048,))[("decided", 2048)]
     resolved = [c for c in usual.index if not usual[c].startswith("not resolved")]
     lost = [c for c in resolved if strict[c].startswith("not resolved")]
     text = config.get("evaluation_text", {})
@@ -342,7 +350,8 @@ def _caveats(run: str) -> list[str]:
     out = [f"The models are short of convergence. At {train} (non-overlapping windows) {_names(spread['means'])} are "
            f"{100 * spread['spread']:.1f} % apart in perplexity. The ALiBi paper's converged models are about 2 % "
            f"apart.",
-           f"Three seeds resolve only large differences. At alpha = 0.01, {len(lost)} of the {len(resolved)} resolved "
+           f"{_SEEDS.get(df['seed'].nunique(), 'These seeds').capitalize()} resolve only the differences the power "
+           f"column names. At alpha = 0.01, {len(lost)} of the {len(resolved)} resolved "
            f"verdicts become \"not resolved\"" + (f": {', '.join(lost)}." if lost else "."),
            f"\"Every scheme\" in claim 2 means the encodings of this run: {_names(_encodings(df))}."]
     if text:
@@ -376,9 +385,52 @@ def run_readme(run: str) -> str:
               "## Perplexity per byte and the verdicts", "",
               "Mean ± standard deviation over the seeds; lower is better. The claims are judged at 2,048, the "
               "article's 4x.", "", report.headline(rows), "",
-              "## The decision rule", "", report.RULE, "",
+              *_beside_verdicts(run),
+              "## The decision rule", "", report.RULE, "", "The declared analysis (book/analysis.md) says it at "
+              "length.", "",
               "## Caveats", "", *(f"- {c}" for c in _caveats(run)), ""]
     return "\n".join(parts)
+
+
+def _beside_verdicts(run: str) -> list[str]:
+    """The power of each verdict's comparison, documents as samples, and (where the seeds ran on more than one
+    device) the shift between the devices' seeds, as Markdown sections of a run's README."""
+    rows = rows_of(run)
+    power = findings.power_table(rows)
+    out = ["## What the seeds can resolve", "",
+           "Each verdict rests on one comparison in the primary mode. The last columns give the smallest difference "
+           "its t-test resolves with 80 % power at the seeds' spread, as a ratio minus 1, and why a verdict is not "
+           "resolved.", "",
+           "| claim | verdict | comparison | difference (nats) | sd over seeds | seeds | resolves with 80 % power | why |",
+           "|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r.claim} | {r.verdict} | {r.comparison} | {r.difference:+.4f} | {r.sd:.4f} | {r.seeds} | "
+            f"{100 * math.expm1(r.resolves):.2g} % | {r.why} |" for r in power.itertuples()]
+    documents = report.load_documents(results.folder(run))
+    if documents is not None:
+        docs = findings.document_table(rows, documents)
+        out += ["", "## Documents as samples", "",
+                "The same comparisons with the evaluation text's documents as a second sample: a crossed seed x "
+                "document random-effects model (statsmodels' MixedLM, REML) beside the seeds' paired t-test. It decides "
+                "nothing.", "",
+                "| claim | comparison | difference, seeds | se, seeds | difference, model | se, model | seed sd | "
+                "document sd |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['claim']} | {r['comparison']} | {r['difference']:+.4f} | {r['se seeds']:.4f} | "
+                f"{r['difference model']:+.4f} | {r['se model']:.4f} | {r['seed sd']:.4f} | {r['document sd']:.4f} |"
+                for r in docs.to_dict("records")]
+    df = frame(rows)
+    devices = df.groupby("seed")["device"].first()
+    if devices.nunique() > 1:
+        late = sorted(devices.index[devices != devices.iloc[0]])
+        shift = findings.seed_group_shift(rows, late)
+        out += ["", "## Devices", "",
+                "Seeds " + ", ".join(f"{s} ({d})" for s, d in devices.items()) + ". Where seeds ran on another "
+                "device, each comparison's mean over those seeds against the others, beside the seed-to-seed spread "
+                "of the per-seed differences (Welch's p of the shift).", "",
+                "| claim | comparison | other seeds | seeds " + ", ".join(map(str, late)) + " | shift | seed sd | p |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['claim']} | {r['comparison']} | {r['early']:+.4f} | {r['late']:+.4f} | {r['shift']:+.4f} | "
+                f"{r['seed sd']:.4f} | {r['p']:.2g} |" for r in shift.to_dict("records")]
+    return out + [""]
 
 
 # ------------------------------------------------------------------------------------------ writing and checking

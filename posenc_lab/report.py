@@ -186,15 +186,15 @@ def document_bootstrap(documents, *, resamples: int = 2000, level: float = 0.95,
 def verdict_table(rows, *, modes=("nonoverlapping", "sliding"), judged_lens=(2048,), alpha: float = ALPHA,
                   both: bool = True) -> pd.DataFrame:
     """Every claim's verdicts in one table: a row per claim and part, a column per (mode, judged length), and, when
-    ``both`` and every mode was measured there, a column ``("both modes", length)``: the claim decided once, with
-    both modes' comparisons in one family (:func:`~posenc_lab.claims.decided`)."""
+    ``both`` and every mode was measured there, a column ``("decided", length)``: the claim as the declared analysis
+    decides it (:func:`~posenc_lab.claims.decided`: the primary mode's verdict, or ``mode-dependent``)."""
     df = frame(rows)
     measured = {mode: set(df.loc[df.eval_mode == mode, "eval_len"]) for mode in modes}
     records = [{"claim": f"{c['id']}: {part}", "mode": mode, "judged at": length, "verdict": v}
                for mode in modes for length in judged_lens if length in measured[mode]
                for c in claims(df, mode, judged_len=length, alpha=alpha) for part, v in c["verdicts"].items()]
     if both and len(modes) > 1:
-        records += [{"claim": name, "mode": "both modes", "judged at": length, "verdict": v}
+        records += [{"claim": name, "mode": "decided", "judged at": length, "verdict": v}
                     for length in judged_lens if all(length in measured[m] for m in modes)
                     for name, v in decided(df, modes=modes, judged_len=length, alpha=alpha).items()]
     table = pd.DataFrame(records).pivot(index="claim", columns=["mode", "judged at"], values="verdict")
@@ -267,14 +267,14 @@ HEADLINE_LABELS = ("nope", "sinusoidal", "learned", "rope/none", "rope/pi", "rop
 
 def headline(rows, *, judged_len: int = 2048) -> str:
     """The README's headline: both modes' tables (mean ± std over seeds) and the claims' verdicts at
-    ``judged_len`` in each mode and decided once from both (one family), as Markdown. The README holds
+    ``judged_len`` in each mode and as the declared analysis decides them, as Markdown. The README holds
     exactly this text (a test checks it)."""
     labels = [name for name in HEADLINE_LABELS if name in set(frame(rows)["label"])]
     verdicts = verdict_table(rows, judged_lens=(judged_len,))
-    lines = [f"| claim (judged at {judged_len}) | sliding | non-overlapping | decided (both modes, one family) |",
+    lines = [f"| claim (judged at {judged_len}) | sliding (primary) | non-overlapping (sensitivity) | decided |",
              "|---|---|---|---|"]
     for claim, row in verdicts.iterrows():
         lines.append(f"| {claim} | {row[('sliding', judged_len)]} | {row[('nonoverlapping', judged_len)]} | "
-                     f"{row[('both modes', judged_len)]} |")
+                     f"{row[('decided', judged_len)]} |")
     return "\n\n".join([markdown_table(rows, "sliding", labels=labels),
                         markdown_table(rows, "nonoverlapping", labels=labels), "\n".join(lines)])

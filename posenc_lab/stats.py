@@ -106,6 +106,7 @@ class Comparison:
     kind: str = "welch"
     alpha: float = ALPHA
     scale: str = "log"
+    se: float = math.nan
 
     @property
     def floor(self) -> float:
@@ -185,7 +186,8 @@ def _result(diff, se, dof, n, kind, alpha) -> Comparison:
         return Comparison(diff, math.nan, math.nan, math.nan, math.nan, math.nan, n, kind, alpha)
     t = diff / se
     half = float(stats.t.ppf(1 - alpha / 2, dof)) * se
-    return Comparison(diff, diff - half, diff + half, t, dof, float(2 * stats.t.sf(abs(t), dof)), n, kind, alpha)
+    return Comparison(diff, diff - half, diff + half, t, dof, float(2 * stats.t.sf(abs(t), dof)), n, kind, alpha,
+                      se=float(se))
 
 
 def compare(a, b, *, alpha: float = ALPHA, scale: str = "ratio") -> Comparison:
@@ -279,6 +281,49 @@ def seed_interval(accuracies, *, level: float = 0.95) -> tuple[float, float, flo
         return mean, math.nan, math.nan
     half = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
     return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+# --------------------------------------------------------------------------------------------- margins and power
+
+
+def p_against_value(c: Comparison, value: float) -> float:
+    """The two-sided p of the same t-test with its null moved from 0 to ``value`` (``diff = value``), on the scale
+    of ``diff``: how the declared analysis tests a difference against a margin ("at least 10 %"). NaN without a
+    test."""
+    if not c.se > 0:
+        return math.nan
+    return float(2 * stats.t.sf(abs(c.diff - value) / c.se, c.df))
+
+
+def equivalence_p(c: Comparison, margin: float) -> float:
+    """Two one-sided tests (TOST) of ``|diff| < margin``: the larger of the p of ``diff <= -margin`` and of
+    ``diff >= margin`` against their one-sided alternatives. Below alpha, the ``1 - 2 alpha`` interval of
+    ``diff`` lies inside ``(-margin, margin)``: the two are equal within the margin. NaN without a test."""
+    if not c.se > 0:
+        return math.nan
+    lower = stats.t.sf((c.diff + margin) / c.se, c.df)
+    upper = stats.t.cdf((c.diff - margin) / c.se, c.df)
+    return float(max(lower, upper))
+
+
+def smallest_resolved(c: Comparison, *, power: float = 0.8) -> float:
+    """The smallest difference (on the scale of ``diff``: nats) that ``c``'s test resolves with probability
+    ``power`` at its own alpha, given its number of seeds and the spread it observed: statsmodels' power of the
+    one-sample (paired, threshold) or two-sample (Welch, pooled spread) t-test, two-sided. NaN without a test."""
+    from statsmodels.stats.power import TTestIndPower, TTestPower
+
+    if not c.se > 0:
+        return math.nan
+    if c.kind in ("paired", "threshold"):
+        n = c.n[0]
+        sd = c.se * math.sqrt(n)
+        d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=c.alpha, power=power, alternative="two-sided")
+    else:
+        n1, n2 = c.n
+        sd = c.se / math.sqrt(1 / n1 + 1 / n2)
+        d = TTestIndPower().solve_power(effect_size=None, nobs1=n1, ratio=n2 / n1, alpha=c.alpha, power=power,
+                                        alternative="two-sided")
+    return float(d) * sd
 
 
 # --------------------------------------------------------------------------------------------- families

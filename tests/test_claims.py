@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import tables
 from tables import LENGTHS
@@ -28,76 +29,138 @@ def verdicts_of(world, seeds=(0, 1, 2)):
     return {c["claim"][:2]: c["verdicts"] for c in claims.claims(rows_from(world, seeds), "nonoverlapping", judged_len=512)}
 
 
-def test_the_rule_states_scale_floor_and_families():
-    for words in ("log scale", "log 1.01", "in both directions", "Holm", "one family", "Benjamini-Hochberg",
-                  "Fisher's exact test"):
+def test_the_rule_states_scale_floor_margins_and_modes():
+    for words in ("log scale", "log 1.01", "Holm", "intersection-union", "two one-sided tests", "80 % power",
+                  "mode-dependent", "Sliding windows are the primary mode", "Fisher's exact test"):
         assert words in report.RULE, words
 
 
 def test_claims_hold_where_they_should():
     v = verdicts_of(ARTICLE_WORLD)
-    assert v["1."] == {"a (worse at training length)": "holds", "b (most stable)": "holds"}
+    assert v["1."] == {"a (slightly worse at training length)": "holds", "b (most stable)": "holds"}
     assert v["2."] == {"ntk most accurate": "holds", "dynamic-ntk most accurate": "no data",
                        "yarn most accurate (ours)": "no data"}
-    assert v["3."] == {"worse than RoPE": "holds", "worse than ALiBi": "holds"}
-    assert v["AL"] == {"sinusoidal breaks first": "holds", "then rotary": "holds", "T5 holds to 2x": "holds",
+    assert v["3."] == {"clearly worse than RoPE": "holds", "clearly worse than ALiBi": "holds"}
+    assert v["AL"] == {"sinusoidal breaks first, then rotary": "holds", "T5 holds to about 2x": "holds",
                        "ALiBi stays flat": "holds"}
 
 
 def test_claims_fail_where_they_should():
     world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0), t5=(6.45, 6.5, 6.6), **{"rope/pi": (6.4, 6.5, 6.0)})
     v = verdicts_of(world)
-    assert v["1."] == {"a (worse at training length)": "fails", "b (most stable)": "fails"}
+    assert v["1."] == {"a (slightly worse at training length)": "fails", "b (most stable)": "fails"}
     assert v["2."]["ntk most accurate"] == "fails"
-    assert v["3."] == {"worse than RoPE": "fails", "worse than ALiBi": "fails"}
+    assert v["3."] == {"clearly worse than RoPE": "fails", "clearly worse than ALiBi": "fails"}
     assert v["AL"]["ALiBi stays flat"] == "fails"
 
 
-def test_claim_2_is_against_every_scheme_and_then_rotary_is_judged():
+def test_claim_2_is_against_every_scheme_and_rotary_must_break_after_the_sinusoids():
     assert verdicts_of(dict(ARTICLE_WORLD, **{"rope/ntk": (6.4, 6.6, 7.0)}))["2."]["ntk most accurate"] == "fails"
-    assert verdicts_of(dict(ARTICLE_WORLD, **{"rope/none": (6.4, 6.4, 6.45)}))["AL"]["then rotary"] == "fails"
+    never_breaks = verdicts_of(dict(ARTICLE_WORLD, **{"rope/none": (6.4, 6.4, 6.45)}))
+    assert never_breaks["AL"]["sinusoidal breaks first, then rotary"] == "fails"
 
 
-def test_most_stable_means_the_smallest_change_either_way():
-    """ALiBi's perplexity falls by 10 % with length while a rival's rises by 3 %: signed, ALiBi grows least;
-    by the size of the change the rival is the more stable, and the claim fails."""
+def test_most_stable_means_degrades_least():
+    """ALiBi's perplexity falls by 10 % with length while a rival's rises by 3 %. ALiBi degrades least: the claim
+    holds. The size of the change (the sensitivity reading) would call the rival more stable."""
     world = {"alibi": (6.5, 6.2, 5.85), "rope/none": (6.4, 6.5, 6.6), "t5": (6.45, 9.0, 12.0)}
-    rows = rows_from(world)
-    readings = claims.claim_1b_readings(rows, "nonoverlapping", judged_len=512)
-    assert readings == {"smallest |log growth| (the book's)": "fails", "smallest log growth (signed)": "holds"}
-    assert verdicts_of(world)["1."]["b (most stable)"] == "fails"
+    readings = claims.claim_1b_readings(rows_from(world), "nonoverlapping", judged_len=512)
+    assert readings == {"degrades least (signed log growth, declared)": "holds",
+                        "smallest |log growth| (sensitivity)": "fails"}
+    assert verdicts_of(world)["1."]["b (most stable)"] == "holds"
 
 
-def test_one_seed_resolves_nothing_but_reports_the_direction():
+def test_slightly_and_clearly_have_their_margins():
+    """15 % worse is not "slightly worse"; a growth 4 % larger is not "clearly worse"; 30 % larger is."""
+    v = verdicts_of(dict(ARTICLE_WORLD, alibi=(7.36, 7.25, 7.3)))
+    assert v["1."]["a (slightly worse at training length)"] == "fails"
+    v = verdicts_of(dict(ARTICLE_WORLD, t5=(6.45, 6.6, 6.45 * 6.45 / 6.5 * 1.04)))
+    assert v["3."]["clearly worse than ALiBi"] == "fails"
+    v = verdicts_of(dict(ARTICLE_WORLD, t5=(6.45, 6.6, 6.45 * 6.45 / 6.5 * 1.30)))
+    assert v["3."]["clearly worse than ALiBi"] == "holds"
+
+
+def test_t5_holds_to_about_twice_needs_both_halves():
+    """Flat at 2x is half the claim: a T5 still flat at 4x has not stopped holding, and the claim fails."""
+    v = verdicts_of(dict(ARTICLE_WORLD, t5=(6.45, 6.5, 6.55)))
+    assert v["AL"]["T5 holds to about 2x"] == "fails"
+    assert verdicts_of(ARTICLE_WORLD)["AL"]["T5 holds to about 2x"] == "holds"
+
+
+def test_equal_growths_read_equal_within_the_floor_not_a_lean():
+    v = verdicts_of(dict(ARTICLE_WORLD, t5=(6.5, 6.4, 6.45)))
+    assert v["1."]["b (most stable)"] == "equal within 1 %"
+
+
+def test_one_seed_resolves_nothing():
     v = verdicts_of(ARTICLE_WORLD, seeds=(0,))
-    assert v["1."]["a (worse at training length)"] == "not resolved (the means point to holds)"
+    assert v["1."]["a (slightly worse at training length)"].startswith("not resolved")
     assert all(x.startswith("not resolved") or x == "no data" for c in v.values() for x in c.values())
 
 
 def test_nothing_to_compare_is_no_data_not_a_verdict():
     v = verdicts_of({k: val for k, val in ARTICLE_WORLD.items() if k != "t5"})
-    assert v["3."] == {"worse than RoPE": "no data", "worse than ALiBi": "no data"}
+    assert v["3."] == {"clearly worse than RoPE": "no data", "clearly worse than ALiBi": "no data"}
 
 
-def test_two_modes_are_one_family_decided_once():
-    """Each mode alone resolves claim 1a at p just under 0.05; Holm over both modes' comparisons does not."""
-    rows = []
-    for mode, shift in (("nonoverlapping", 0.0), ("sliding", 0.001)):
-        for seed, (a, r) in enumerate([(1.10, 1.00), (1.05, 1.00), (1.12, 1.03)]):
-            for name, loss in (("alibi", a), ("rope/none", r)):
-                enc, _, strategy = name.partition("/")
-                rows += [{"encoding": enc, "strategy": strategy or "-", "seed": seed, "eval_len": n, "eval_mode": mode,
-                          "train_len": 128, "loss": loss + shift, "perplexity": math.exp(loss + shift)} for n in LENGTHS]
-    per_mode = [claims.claims(rows, m, judged_len=512)[0]["comparisons"]["a (worse at training length)"][0][1]
-                for m in ("nonoverlapping", "sliding")]
-    assert all(0.025 < c.p < 0.05 for c in per_mode)
-    table = report.verdict_table(rows, judged_lens=(512,))
-    row = table.loc["1: a (worse at training length)"]
-    assert row[("nonoverlapping", 512)] == row[("sliding", 512)] == "holds"  # holds needs no correction ...
-    assert row[("both modes", 512)] == "holds"  # ... and holds in both: decided once, holds
-    flipped = [dict(r, loss=-r["loss"], perplexity=math.exp(-r["loss"])) for r in rows]  # now against the claim
-    row = report.verdict_table(flipped, judged_lens=(512,)).loc["1: a (worse at training length)"]
-    assert row[("nonoverlapping", 512)] == "fails" and row[("both modes", 512)].startswith("not resolved")
+def _two_modes(sliding: dict, nonoverlapping: dict):
+    return rows_from(sliding, mode="sliding") + rows_from(nonoverlapping, mode="nonoverlapping")
+
+
+def test_the_primary_mode_decides_and_opposite_modes_are_mode_dependent():
+    """Sliding windows decide; where non-overlapping windows resolve the other way the part is mode-dependent, and
+    where they merely do not resolve it the sliding verdict stands. Every mode's verdict is kept beside it."""
+    worse = dict(ARTICLE_WORLD, alibi=(6.3, 6.2, 6.25))  # ALiBi better than RoPE at the training length
+    rows = _two_modes(ARTICLE_WORLD, worse)
+    row = report.verdict_table(rows, judged_lens=(512,)).loc["1: a (slightly worse at training length)"]
+    assert row[("sliding", 512)] == "holds" and row[("nonoverlapping", 512)] == "fails"
+    assert row[("decided", 512)] == "mode-dependent"
+    found = {f["part"]: f for f in findings.findings(rows, judged_len=512)}["1: a (slightly worse at training length)"]
+    assert found["verdict"] == "mode-dependent" and found["mode"] == "sliding" and "effect_sensitivity" in found
+    assert "**Mode-dependent.**" in findings.findings_markdown(rows, judged_len=512)
+    unclear = dict(ARTICLE_WORLD, alibi=(6.4, 6.3, 6.35))  # equal to RoPE at the training length: not resolved
+    row = report.verdict_table(_two_modes(ARTICLE_WORLD, unclear), judged_lens=(512,)).loc[
+        "1: a (slightly worse at training length)"]
+    assert row[("decided", 512)] == "holds"
+    assert claims.decided(_two_modes(worse, ARTICLE_WORLD), judged_len=512)[
+        "1: a (slightly worse at training length)"] == "mode-dependent"
+
+
+def test_a_run_without_sliding_windows_is_decided_in_non_overlapping_ones():
+    rows = rows_from(ARTICLE_WORLD)
+    assert claims.primary_mode(rows, judged_len=512) == "nonoverlapping"
+    assert {f["mode"] for f in findings.findings(rows, judged_len=512)} == {"nonoverlapping"}
+
+
+def test_equivalence_is_statsmodels_two_one_sided_tests():
+    from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
+
+    from posenc_lab.stats import compare, compare_paired, equivalence_p
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0.0, 0.01, 5), rng.normal(0.004, 0.01, 5)
+    c = compare_paired(pd.Series(a), pd.Series(b), scale="log")
+    m = math.log(1.01)
+    assert equivalence_p(c, m) == pytest.approx(ttost_paired(a, b, -m, m)[0], rel=1e-10)
+    one = compare(a, 0.0, scale="log")
+    assert equivalence_p(one, m) == pytest.approx(DescrStatsW(a).ttost_mean(-m, m)[0], rel=1e-10)
+
+
+def test_power_is_statsmodels_smallest_effect_at_the_observed_spread():
+    from statsmodels.stats.power import TTestIndPower, TTestPower
+
+    from posenc_lab.stats import compare, compare_paired, smallest_resolved
+
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(1.0, 0.03, 5), rng.normal(1.02, 0.03, 5)
+    c = compare_paired(pd.Series(a), pd.Series(b), scale="log")
+    d = TTestPower().solve_power(effect_size=None, nobs=5, alpha=0.05, power=0.8, alternative="two-sided")
+    assert smallest_resolved(c) == pytest.approx(d * np.std(a - b, ddof=1), rel=1e-8)
+    w = compare(a, b[:4], scale="log")
+    d = TTestIndPower().solve_power(effect_size=None, nobs1=5, ratio=4 / 5, alpha=0.05, power=0.8)
+    pooled = w.se / math.sqrt(1 / 5 + 1 / 4)
+    assert smallest_resolved(w) == pytest.approx(d * pooled, rel=1e-8)
+    assert smallest_resolved(c, power=0.9) > smallest_resolved(c)
 
 
 def test_claim_bootstrap_on_two_documents_by_hand():
@@ -127,7 +190,7 @@ def test_comparison_table_prints_the_bootstrap_beside_the_t_test():
             for r in rows if r["perplexity"] == r["perplexity"] for doc in ("d0", "d1", "d2")]
     table = claims.comparison_table(rows, modes=("nonoverlapping",), judged_len=512, documents=docs, resamples=200)
     first = table.iloc[0]
-    assert first["claim"] == "1: a (worse at training length)" and first["low"] < first["ratio"] < first["high"]
+    assert first["claim"] == "1: a (slightly worse at training length)" and first["low"] < first["ratio"] < first["high"]
     # every document moves both labels alike here: the bootstrap has nothing to resample but the ratio itself
     assert first["boot low"] == pytest.approx(first["ratio"]) == first["boot high"]
     assert {"p holm", "agree"} <= set(table.columns)
@@ -160,7 +223,7 @@ def test_side_by_side_recipes_agree_with_each_run_and_an_independent_t_test():
 
     t5, rope = log_growth("t5"), log_growth("rope/none")
     expected = scipy_stats.ttest_rel(t5, rope)
-    text = side.loc["3: worse than RoPE", ("article-long-b4", "rests on")]
+    text = side.loc["3: clearly worse than RoPE", ("article-long-b4", "rests on")]
     assert text.startswith(f"t5 / rope/none = ratio {np.exp((t5 - rope).mean()):.3f}") and "(sliding)" in text
     assert f"p = {expected.pvalue:.3g}" in text
 
@@ -183,10 +246,12 @@ def test_findings_say_each_decided_verdict_with_the_comparison_it_rests_on():
     side = findings.side_by_side({"run": rows})
     for f in found:
         rests_on = side.loc[f["part"], ("run", "rests on")]
-        assert f"p = {f['p']:.3g}" in rests_on and f["mode"] in rests_on
+        assert f["mode"] in rests_on and f["mode"] == "sliding"
     text = findings.findings_markdown(rows)
-    assert text.count("\n") == len(found) - 1 and "**Holds.**" in text
-    assert findings.verdict_in_words("not resolved (the means point to fails)") == "Not resolved (the means lean against it)"
+    assert text.count("\n") == len(found) - 1 and "seeds resolve a difference of" in text
+    assert all("(sliding windows" in line for line in text.splitlines())  # one mode printed on every line
+    assert findings.verdict_in_words("not resolved (too few seeds)") == "Not resolved: too few seeds"
+    assert findings.verdict_in_words("equal within 1 %") == "Equal within 1 %"
 
 
 def test_effect_in_words_reads_a_level_and_a_line():
@@ -199,15 +264,18 @@ def test_effect_in_words_reads_a_level_and_a_line():
     assert f"changes by a factor of {c.ratio * 1.1:.3f} from 512 to 1,024" in findings.effect_in_words(line, c, 512)
 
 
-def test_effect_in_words_says_flatness_as_two_sizes_and_their_difference():
-    from posenc_lab.stats import compare_design
-
-    c = compare_design(np.array([0.05, 0.051, 0.049]), np.array([0.01, 0.009, 0.011]), scale="log")
-    flat = claims.Test(claims.Quantity("flatness", "alibi", 2048), claims.Quantity("flatness", "t5", 2048), "<")
-    text = findings.effect_in_words(flat, c, 512, {"alibi": 0.05, "t5": 0.01})
-    assert text == (f"ALiBi's |log growth| to 2,048 is 0.050 against T5's 0.010, a difference of {c.diff:+.3f} "
-                    f"[{c.low:+.3f}, {c.high:+.3f}]")
-    assert "times" not in text  # a ratio of two sizes of log growth is not what the test compares
+def test_growth_is_said_as_growth_factors_and_a_difference_in_nats():
+    """Two growths are never said as "X times the growth": each is a growth factor with its interval, and the
+    comparison is the difference of their logs in nats."""
+    rows = rows_from(ARTICLE_WORLD)
+    df = report.frame(rows)
+    test = claims.Test(claims.Quantity("growth", "t5", 512), claims.Quantity("growth", "rope/none", 512), ">")
+    c = claims.run_test(df, "nonoverlapping", test)
+    text = findings.effect_in_words(test, c, 128, df, "nonoverlapping")
+    g_t5 = findings.growth_factor(df, "nonoverlapping", "t5", 512)[0]
+    assert g_t5 == pytest.approx(30.0 / 6.45, rel=0.01)
+    assert text.startswith(f"T5's perplexity grows by a factor of {g_t5:.3g}") and "nats" in text
+    assert f"{c.diff:+.3f} nats" in text and "times" not in text
 
 
 def test_side_by_side_domains_hold_each_committed_runs_decided_verdicts():
