@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose results-long-b4 results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
+.PHONY: corpus-prose results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -162,6 +162,12 @@ results-long-b4: env
 	$(PY) -m posenc_lab run --preset article-long-b4 --jobs $(JOBS) $(RUN_FLAGS) --out runs/article-long-b4
 	$(call commit_run,article-long-b4,documents.csv checkpoints.csv)
 	$(call export_seed0,article-long-b4)
+
+# the device's effect (chapter 10): ALiBi and T5 with seed 0 of the headline recipe trained again on the CPU (about
+# 35 minutes each on two cores)
+results-long-b4-cpu: env
+	$(PY) -m posenc_lab run --preset article-long-b4 --seeds 0 --encodings alibi,t5 --no-report --out runs/article-long-b4-cpu
+	$(call commit_run,article-long-b4-cpu,documents.csv)
 
 # English prose for the same recipes, offline: two public-domain Debian packages (Jane Austen's novels in
 # r-cran-janeaustenr, the World English Bible in sword-text-web), unpacked into .corpus/prose without installing R

@@ -213,6 +213,7 @@ class Assessed:
     against_ok: bool
 
     def counts_for(self, alpha: float = ALPHA) -> bool:
+        """Whether the comparison counts in the claim's favour at ``alpha`` (its size and its test)."""
         return self.for_ok and self.p_for < alpha
 
 

@@ -11,7 +11,7 @@ import importlib.util
 
 #: the third-party modules each extra brings (import names)
 EXTRAS = {
-    "lab": ("tqdm", "pandas", "scipy"),
+    "lab": ("tqdm", "pandas", "scipy", "statsmodels"),
     "book": ("matplotlib", "seaborn", "plotly"),
 }
 

@@ -10,14 +10,14 @@ require("book", "posenc_lab.figures")
 
 from pathlib import Path
 
-from .plots import headline_figure, per_position, training_curves, use_theme
+from .plots import headline_figure, per_position, training_curves, use_theme, verdict_figure
 from .report import frame
 
 
 def save_headline(run: str, *, folder: Path | str | None = None, dpi: int = 120) -> list[Path]:
-    """The headline figures of a committed run (:func:`headline_figure`, both modes) as PNGs:
-    ``ppl_vs_length.png`` and ``growth.png`` under ``results/<run>/figures`` (or ``folder``), for the README and the
-    book's landing page. Returns the paths written."""
+    """The headline figures of a committed run (:func:`headline_figure`, both modes, and :func:`verdict_figure`) as
+    PNGs: ``ppl_vs_length.png``, ``growth.png`` and ``verdicts.png`` under ``results/<run>/figures`` (or ``folder``),
+    for the README and the book's landing page. Returns the paths written."""
     import matplotlib.pyplot as plt
 
     from . import results
@@ -39,6 +39,11 @@ def save_headline(run: str, *, folder: Path | str | None = None, dpi: int = 120)
         fig.savefig(folder / name, dpi=dpi, bbox_inches="tight")
         plt.close(fig)
         written.append(folder / name)
+    ax = verdict_figure(rows)
+    ax.set_title(f"{run}: the verdict of each claim and the effect it rests on", fontsize=10)
+    ax.figure.savefig(folder / "verdicts.png", dpi=dpi, bbox_inches="tight")
+    plt.close(ax.figure)
+    written.append(folder / "verdicts.png")
     return written
 
 

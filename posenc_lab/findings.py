@@ -404,3 +404,91 @@ def seed_group_shift(rows, late, *, judged_len: int = 2048, alpha: float = ALPHA
                         "late": float(b.mean()), "shift": float(b.mean() - a.mean()), "seed sd": pooled,
                         "p": float(st.ttest_ind(b, a, equal_var=False).pvalue)})
     return pd.DataFrame(records)
+
+
+def other_readings(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """Each claim part under the declared analysis and under the readings it set aside (book/analysis.md), so that a
+    reader sees which verdicts a reading decides: ``claim``, ``declared`` (:func:`part_verdicts`' decision),
+    ``reading`` and ``verdict`` under it. The readings: a claim without its margin ("worse" for "slightly worse" and
+    for "clearly worse"); the size of the log growth for "most stable"; only the first half of "holds to about 2x";
+    "below the break" for "stays flat"; non-overlapping windows as the primary mode; the first three seeds alone."""
+    from .claims import BREAK, run_test
+    from .claims import decided as decide
+    from .claims import judge
+
+    df = frame(rows)
+    parts = part_verdicts(df, judged_len=judged_len, alpha=alpha)
+    first = next(iter(parts.values()))["mode"] if parts else PRIMARY
+    records = []
+
+    def add(part, reading, verdict):
+        records.append({"claim": part, "declared": parts[part]["verdict"], "reading": reading, "verdict": verdict})
+
+    def rejudge(part, tests):
+        return judge([(t, run_test(df, first, t, alpha=alpha)) for t in tests], alpha=alpha)
+
+    for part, p in parts.items():
+        pairs = p["pairs"][first]
+        tests = [t for t, _ in pairs]
+        if not tests:
+            continue
+        if any(t.reading in ("slightly", "clearly") for t in tests):
+            add(part, "without its margin", rejudge(part, [Test(t.a, t.b, t.want) for t in tests]))
+        if part == "1: b (most stable)":
+            add(part, "smallest |log growth|", rejudge(part, [Test(Quantity("flatness", t.a.label, t.a.length),
+                                                                  Quantity("flatness", t.b.label, t.b.length), "<")
+                                                             for t in tests]))
+        if part == "ordering: T5 holds to about 2x":
+            add(part, "below the break at 2x only", rejudge(part, [t for t in tests if t.want == "<"]))
+        if part == "ordering: ALiBi stays flat":
+            add(part, "below the break", rejudge(part, [Test(t.a, BREAK, "<") for t in tests]))
+    if PRIMARY in set(df["eval_mode"]) and SENSITIVITY in set(df["eval_mode"]):
+        for part, v in decide(df[df.eval_mode == SENSITIVITY], modes=(SENSITIVITY,), judged_len=judged_len,
+                              alpha=alpha).items():
+            add(part, "non-overlapping windows primary", v)
+    seeds = sorted(df["seed"].unique())
+    if len(seeds) > 3:
+        for part, v in decide(df[df.seed.isin(seeds[:3])], judged_len=judged_len, alpha=alpha).items():
+            add(part, f"seeds {seeds[0]}-{seeds[2]} only", v)
+    return pd.DataFrame(records, columns=["claim", "declared", "reading", "verdict"])
+
+
+#: each claim part in a few words, for the rows of the verdict figure
+SHORT = {
+    "1: a (slightly worse at training length)": "1a ALiBi slightly worse than RoPE at 512",
+    "1: b (most stable)": "1b ALiBi degrades least",
+    "2: ntk most accurate": "2 NTK the most accurate",
+    "2: dynamic-ntk most accurate": "2 dynamic NTK the most accurate",
+    "2: yarn most accurate (ours)": "2 YaRN the most accurate (ours)",
+    "3: clearly worse than RoPE": "3 T5 clearly worse than RoPE",
+    "3: clearly worse than ALiBi": "3 T5 clearly worse than ALiBi",
+    "ordering: sinusoidal breaks first, then rotary": "the sinusoids break first, then RoPE",
+    "ordering: T5 holds to about 2x": "T5 holds to about 2x",
+    "ordering: ALiBi stays flat": "ALiBi stays flat",
+}
+
+
+def verdict_effects(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """The effect each claim part's verdict rests on (:func:`deciding`, primary mode), ready to draw on a log axis:
+    ``claim`` (in a few words), ``part``, ``verdict``, ``ratio`` (``exp(diff)``: a ratio of perplexities, of growth
+    factors, or of a growth factor to its line) with its 95 % interval ``low``/``high``, ``margin`` (the ratio of the
+    test's margin, or NaN), ``reading`` (direction, slightly, clearly, equivalent) and ``what`` (the comparison in
+    words: ``A / B``)."""
+    records = []
+    for part, p in part_verdicts(rows, judged_len=judged_len, alpha=alpha).items():
+        t, c = deciding(p["pairs"][p["mode"]])
+        if t is None:
+            continue
+        low, high = c.interval
+        if isinstance(t.b, Quantity):
+            kind = "growth" if t.a.kind in ("growth", "flatness") else "perplexity"
+            what = f"{kind}: {_name(t.a.label)} / {_name(t.b.label)} at {t.a.length:,}"
+        elif t.reading == "equivalent":
+            what = f"growth of {_name(t.a.label)} to {t.a.length:,}, within ±{100 * math.expm1(t.margin):.0f} %"
+        else:
+            what = f"growth of {_name(t.a.label)} to {t.a.length:,} / the break, {t.b:.2f}"
+        records.append({"claim": SHORT.get(part, part), "part": part, "verdict": p["verdict"], "ratio": c.ratio,
+                        "low": low, "high": high,
+                        "margin": math.exp(t.margin) if t.reading != "direction" else math.nan,
+                        "reading": t.reading, "what": what})
+    return pd.DataFrame(records)

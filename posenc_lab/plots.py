@@ -395,3 +395,48 @@ def budget_curves(checkpoints, axes, *, labels=None, factor: int | None = None):
     axes[0].get_legend().remove()
     axes[1].legend(title=None, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return axes
+
+
+#: how each verdict is marked in :func:`verdict_figure`: marker, colour and the word in the legend
+VERDICT_MARKS = {"holds": ("o", "#1a9850", "holds"), "fails": ("X", "#d73027", "does not hold"),
+                 "mode-dependent": ("D", "#fdae61", "mode-dependent"),
+                 "equal within 1 %": ("s", "#4575b4", "equal within 1 %")}
+
+
+def verdict_figure(rows, ax=None, *, judged_len: int = 2048, floor: float = 1.01):
+    """Every claim's verdict as one figure: per claim part (a row), the effect its verdict rests on as a ratio on a
+    log axis with its 95 % interval (:func:`~posenc_lab.findings.verdict_effects`), marked by verdict
+    (:data:`VERDICT_MARKS`; grey and open where not resolved). The grey band is the floor (a difference under 1 %
+    decides nothing); a dotted tick on a row marks its test's margin (10 % for "slightly" and "clearly", 5 % either
+    way for "flat"). Returns the ``Axes``."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from .findings import verdict_effects
+
+    effects = verdict_effects(rows, judged_len=judged_len)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.45 * len(effects) + 1.2))
+    ax.axvspan(1 / floor, floor, color="0.85", zorder=0)
+    ax.axvline(1.0, color="0.4", lw=0.8, zorder=1)
+    for y, r in enumerate(effects.itertuples()):
+        marker, colour, _ = VERDICT_MARKS.get(r.verdict, ("o", "0.5", "not resolved"))
+        filled = r.verdict in VERDICT_MARKS
+        ax.errorbar(r.ratio, y, xerr=[[r.ratio - r.low], [r.high - r.ratio]], fmt="none", ecolor=colour, lw=1.6,
+                    capsize=3, zorder=2)
+        ax.plot(r.ratio, y, marker=marker, ms=8, color=colour, mfc=colour if filled else "white", zorder=3,
+                linestyle="none")
+        if not np.isnan(r.margin):
+            for m in ((r.margin, 1 / r.margin) if r.reading == "equivalent" else (r.margin,)):
+                ax.plot([m, m], [y - 0.35, y + 0.35], color="0.2", ls=":", lw=1.4, zorder=2)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(effects)))
+    ax.set_yticklabels([f"{r.claim}\n{r.what}" for r in effects.itertuples()], fontsize=7.5)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio the verdict rests on (perplexity, growth factor, or growth over its line), 95 % interval")
+    handles = [Line2D([], [], marker=m, color=c, ls="none", ms=7, label=word) for m, c, word in VERDICT_MARKS.values()]
+    handles += [Line2D([], [], marker="o", color="0.5", mfc="white", ls="none", ms=7, label="not resolved"),
+                Line2D([], [], color="0.2", ls=":", label="the test's margin"),
+                Line2D([], [], color="0.85", lw=6, label="under 1 %: decides nothing")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return ax

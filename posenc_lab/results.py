@@ -41,9 +41,12 @@ RUNS = {
     "article-long": "make results-long: the article's five encodings with article-cpu's model and recipe and four "
                     "times its training tokens, three seeds",
     "article-long-b4": "make results-long-b4: article-long's model, tokens and evaluation in batches of 4 for 5,600 "
-                       "steps (twice the optimiser steps), three seeds; the better-trained of the two recipes",
+                       "steps (twice the optimiser steps), five seeds (3 and 4 added by scripts/device_seeds.sh and "
+                       "scripts/merge_seeds.py); the recipe with more optimiser steps",
+    "article-long-b4-cpu": "make results-long-b4-cpu: ALiBi and T5 with seed 0 of article-long-b4 trained again on a "
+                           "CPU, to set the device's effect beside the seed-to-seed spread",
     "prose-long-b4": "make results-prose: article-long-b4's recipe on English prose (Jane Austen's novels and the "
-                     "World English Bible), three seeds",
+                     "World English Bible), five seeds (3 and 4 added as for article-long-b4)",
     "prose-long": "make results-prose: article-long's recipe (batch 8, 2,800 steps) on the same English prose, three "
                   "seeds",
     "retrieval-cpu": "make results-retrieval: passkey retrieval at 1x to 8x the training length",

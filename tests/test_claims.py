@@ -284,3 +284,40 @@ def test_side_by_side_domains_hold_each_committed_runs_decided_verdicts():
     side = findings.side_by_side(runs)
     for name, rows in runs.items():
         assert side[(name, "verdict")].to_dict() == claims.decided(rows)
+
+
+def test_verdict_figure_draws_each_claims_interval_and_marks_its_verdict():
+    """On made-up rows with known verdicts: one row per judged claim part, its ratio and 95 % interval drawn as
+    an error bar, its marker the verdict's (holds, does not hold), the margins of "slightly", "clearly" and
+    "flat" drawn on their rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
+
+    from posenc_lab import plots
+
+    world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0))  # 1a, 1b and "stays flat" do not hold
+    rows = rows_from(world)
+    effects = findings.verdict_effects(rows, judged_len=512)
+    verdicts = dict(zip(effects["part"], effects["verdict"]))
+    assert verdicts["1: a (slightly worse at training length)"] == "fails"
+    assert verdicts["3: clearly worse than RoPE"] == "holds"
+    assert (effects["low"] < effects["ratio"]).all() and (effects["ratio"] < effects["high"]).all()
+    ax = plots.verdict_figure(rows, judged_len=512)
+    bars = [c for c in ax.collections if isinstance(c, matplotlib.collections.LineCollection)]
+    spans = sorted(tuple(np.round(seg[:, 0], 6)) for bar in bars for seg in bar.get_segments()
+                   if seg[0, 1] == seg[1, 1])  # the horizontal interval of each row
+    assert spans == sorted(tuple(np.round([r.low, r.high], 6)) for r in effects.itertuples())
+    shapes = {m for m, _, _ in plots.VERDICT_MARKS.values()} | {"o"}
+    marks = [line for line in ax.lines if line.get_marker() in shapes]
+    for r, y in zip(effects.itertuples(), range(len(effects))):
+        mark = next(m for m in marks if m.get_ydata()[0] == y)
+        marker, colour, _ = plots.VERDICT_MARKS[r.verdict]
+        assert mark.get_marker() == marker and mcolors.same_color(mark.get_color(), colour)
+        assert mark.get_xdata()[0] == pytest.approx(r.ratio)
+    margins = [line for line in ax.lines if line.get_linestyle() == ":"]
+    assert len(margins) == (effects["reading"] == "equivalent").sum() * 2 + effects["reading"].isin(
+        ["slightly", "clearly"]).sum()
+    plt.close(ax.figure)

@@ -85,7 +85,7 @@ def test_the_core_imports_nothing_from_the_lab():
 CORE = ["posenc_lab", "posenc_lab.encodings", "posenc_lab.rope", "posenc_lab.xpos", "posenc_lab.bias", "posenc_lab.absolute",
         "posenc_lab.backends", "posenc_lab.model", "posenc_lab.errors", "posenc_lab.extras", "posenc_lab.results",
         "posenc_lab.diagnostics"]
-EXTRA_MODULES = ["matplotlib", "pandas", "scipy", "seaborn", "plotly", "tqdm"]
+EXTRA_MODULES = ["matplotlib", "pandas", "scipy", "statsmodels", "seaborn", "plotly", "tqdm"]
 
 
 def test_core_dependencies_are_torch_einops_numpy():
