@@ -205,7 +205,8 @@ def claim_specs(rows, mode: str, *, judged_len: int = 2048) -> list[dict]:
 @dataclass(frozen=True)
 class Assessed:
     """One comparison read as its :class:`Test` says: whether it counts for the claim (``for_ok`` with ``p_for`` below
-    alpha) and whether it counts against it (``against_ok`` with ``p_against`` below alpha after Holm over the part)."""
+    alpha) and whether it counts against it (``against_ok`` with ``p_against`` below alpha after Holm over every
+    comparison of the part; ``p_against`` is the p of the case against the claim, given for every comparison)."""
 
     p_for: float
     for_ok: bool
@@ -251,8 +252,8 @@ def judge(pairs: list, *, alpha: float = ALPHA) -> str:
     if not pairs:
         return "no data"
     seen = [assess(t, c) for t, c in pairs]
-    against = holm([a.p_against if a.against_ok else math.nan for a in seen])
-    if any(not math.isnan(q) and q < alpha for q in against):
+    against = holm([a.p_against for a in seen])  # Holm over every comparison of the part (book/analysis.md)
+    if any(a.against_ok and not math.isnan(q) and q < alpha for a, q in zip(seen, against)):
         return "fails"
     if all(a.counts_for(alpha) for a in seen):
         return "holds"
