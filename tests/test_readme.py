@@ -126,9 +126,14 @@ def test_readme_example_runs_as_written():
 
     from posenc_lab import ALiBi, attention
 
-    q, k, v, out = (namespace[n] for n in ("q", "k", "v", "out"))
+    from posenc_lab import RoPE
+
+    q, k, v, pos = (namespace[n] for n in ("q", "k", "v", "pos"))
     assert namespace["q_rot"].shape == q.shape and namespace["k_rot"].shape == k.shape
-    assert torch.allclose(out, attention(q, k, v, ALiBi(num_heads=8), backend="reference"), atol=1e-5)
+    alibi = attention(q, k, v, ALiBi(num_heads=8), backend="reference")
+    assert torch.allclose(namespace["out_alibi"], alibi, atol=1e-5)
+    yarn = attention(q, k, v, RoPE(64, train_len=512, scaling="yarn", factor=2.0), positions=pos, backend="reference")
+    assert torch.allclose(namespace["out_rope"], yarn, atol=1e-5)  # the rotated queries and keys reach attention
 
 
 def test_far_block_numbers_recomputed_from_the_gain_rows():
