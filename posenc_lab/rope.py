@@ -38,9 +38,17 @@ def inv_freq(dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.floa
     positions, from ``2 pi`` (i = 0) up to almost ``2 pi * base`` (the last pair).
     """
     check_even("RoPE head dimension", dim)
-    check_positive("RoPE base", base)
+    check_base(base)
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim
     return (float(base) ** -exponents).to(dtype)
+
+
+def check_base(base) -> None:
+    """Raise :class:`PosencError` unless ``base`` is a number above 1: at ``base = 1`` every pair turns at one radian
+    per position, and below it the frequencies ``base ** (-2 i / d)`` *rise* from pair to pair (a bool is no base)."""
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+        raise PosencError(f"the RoPE base must be a number above 1 (the frequencies base ** (-2i/d) must fall from "
+                          f"pair to pair), got {base!r}")
 
 
 def wavelengths(freqs: torch.Tensor) -> torch.Tensor:
@@ -94,6 +102,7 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
     """
     if dim <= 2:
         raise PosencError(f"NTK scaling needs a head dimension above 2 (its exponent is d/(d-2)), got {dim}")
+    check_base(base)  # the base as given, before it is raised
     return base * factor ** (dim / (dim - 2))
 
 
@@ -176,8 +185,7 @@ def critical_dimension(dim: int, base: float, train_len: int) -> int:
     """
     check_even("RoPE head dimension", dim)
     check_positive("train_len", train_len)
-    if not isinstance(base, (int, float)) or not base > 1:
-        raise PosencError(f"the RoPE base must be a number above 1, got {base!r}")
+    check_base(base)
     pairs = math.ceil(dim / 2 * math.log(train_len / (2 * math.pi)) / math.log(base))
     return 2 * min(max(pairs, 0), dim // 2)
 
@@ -198,8 +206,6 @@ def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, 
     """
     if not (isinstance(beta_fast, (int, float)) and isinstance(beta_slow, (int, float)) and 0 < beta_slow < beta_fast):
         raise PosencError(f"YaRN needs 0 < beta_slow < beta_fast, got beta_slow={beta_slow!r}, beta_fast={beta_fast!r}")
-    if base <= 1:
-        raise PosencError(f"YaRN needs a RoPE base above 1, got {base}")
     if mscale is not None and (not isinstance(mscale, (int, float)) or not mscale > 0):
         raise PosencError(f"YaRN's mscale must be a positive number, got {mscale!r}")
     gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
@@ -273,6 +279,7 @@ def scaled_inv_freq(
     if method not in ROPE_SCALINGS:
         raise unknown_name("RoPE scaling", method, ROPE_SCALINGS)
     check_even("RoPE head dimension", dim)
+    check_base(base)  # the base as given: NTK's derived base would hide it
     check_positive("train_len", train_len)
     if seq_len is not None:
         check_positive("seq_len", seq_len)
@@ -299,6 +306,7 @@ def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000
     had been fed one token at a time). Shape ``... n d/2``.
     """
     check_even("RoPE head dimension", dim)
+    check_base(base)
     p = positions.to(torch.float64)
     s = ((p + 1) / train_len).clamp(min=1.0)  # ... n
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=p.device) / dim  # f

@@ -54,7 +54,7 @@ import torch
 from ..encodings import Encoding, NoPE, Tables
 from ..encodings.forgetting import forget_sums
 from ..errors import PosencError, check_positions, unknown_name
-from .cache import KVCache, SinkCache
+from .cache import KVCache, SinkCache, shown
 from .chunks import layer_span
 from .kernels import (BACKENDS, BLOCK, GRAD_BLOCK, MASK_BUDGET, _BACKEND_FNS, _reference, choose_backend,
                       first_kernel_that_compiles, flex_available, repeat_kv)
@@ -124,12 +124,13 @@ def attention(
     """
     encoding = _NOPE if encoding is None else encoding
     reach, chunk = _check_options(backend, reach, encoding, chunk)
+    _check_heads(encoding, q)
     if decay is not None or encoding.reads_tokens:  # FoX's decays, CoPE's gates: logits that read the tokens
         if chunk is not None:
             raise PosencError(f"encoding {encoding.name!r} reads the tokens: attention within chunks is not available to it")
         return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay)
     if isinstance(cache, SinkCache):
-        return _attend_sink_cache(q, k, v, encoding, backend, causal, cache, reach, chunk)
+        return _attend_sink_cache(q, k, v, encoding, backend, causal, positions, cache, reach, chunk)
     if tables is not None and not tables.serves(encoding, positions):
         raise PosencError("tables serve the encoding and the positions tensor they were built for "
                           "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
@@ -164,6 +165,16 @@ def _rotate_query(encoding, q, positions, tables, reach=None, chunk=None):
     return encoding.rotate_one(q, positions, "q", tables)
 
 
+def _check_heads(encoding: Encoding, q: torch.Tensor) -> None:
+    """An encoding with one slope, bias column, gate or scale per head must have one per query head: a bias of fewer
+    heads would broadcast (every head the same slope) or fail deep inside a backend."""
+    built = encoding.num_heads
+    heads = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
+    if built is not None and heads is not None and built != heads:
+        raise PosencError(f"{type(encoding).__name__} was built for {built} head{'s' if built != 1 else ''} but the "
+                          f"queries have {heads}: build it with num_heads={heads}")
+
+
 def _check_options(backend: str, reach, encoding: Encoding, chunk) -> tuple[int | None, int | None]:
     """Check the options; return the ``(reach, chunk)`` the call applies (:func:`.chunks.layer_span`)."""
     if backend not in BACKENDS:
@@ -178,15 +189,36 @@ def _check_flex(backend: str, device: torch.device) -> None:
         raise PosencError(f"FlexAttention is not available on {device} with torch {torch.__version__}")
 
 
-def _check_batch(cache, k: torch.Tensor, hint: str = "") -> None:
-    if cache.k is not None and cache.k.shape[0] != k.shape[0]:
+def _check_cache(cache, k: torch.Tensor, v: torch.Tensor, hint: str = "") -> None:
+    """The new keys and values have the batch, heads and sizes of those the cache holds (else one sentence, not a
+    failed concatenation)."""
+    if cache.k is None:
+        return
+    if cache.k.shape[0] != k.shape[0]:
         raise PosencError(f"the cache holds a batch of {cache.k.shape[0]} sequences, the new tokens come in a "
                           f"batch of {k.shape[0]}: use a new cache{hint} for another batch")
+    held, new = (cache.k.shape[1], cache.k.shape[-1], cache.v.shape[-1]), (k.shape[1], k.shape[-1], v.shape[-1])
+    if held != new:
+        raise PosencError(f"the cache holds keys and values of {held[0]} heads (sizes {held[1]} and {held[2]}), the "
+                          f"new ones have {new[0]} (sizes {new[1]} and {new[2]}): use a new cache{hint} for another "
+                          "shape")
 
 
-def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, reach, chunk=None):
+def _check_slots(q, k, v, positions, cache: SinkCache) -> None:
+    """A sink cache numbers the tokens by their slots in the cache: positions, where given, must be those slots (it
+    would otherwise ignore them)."""
+    checked = _check_inputs(q, k, v, positions)
+    if positions is None:
+        return
+    slots = cache.next_positions(q.shape[-2], q.device)
+    if not bool((checked == slots).all()):
+        raise PosencError(f"a SinkCache numbers its tokens by their slots in the cache (next: {int(slots[0])} to "
+                          f"{int(slots[-1])}), got positions {shown(checked)}: pass positions=None")
+
+
+def _attend_sink_cache(q, k, v, encoding, backend, causal, positions, cache: SinkCache, reach, chunk=None):
     """:func:`attention` with a :class:`SinkCache`: every cached key rotated anew at its slot."""
-    _check_inputs(q, k, v, None)
+    _check_slots(q, k, v, positions, cache)
     if chunk is not None:
         raise PosencError("a sink cache renumbers the positions as its slots, where chunks of positions have no "
                           "meaning: attend within chunks with a KVCache (or none)")
@@ -196,7 +228,7 @@ def _attend_sink_cache(q, k, v, encoding, backend, causal, cache: SinkCache, rea
         raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
                           "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
                           "positions): a sink cache cannot serve it")
-    _check_batch(cache, k)
+    _check_cache(cache, k, v)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
     return _BACKEND_FNS[backend](*_sink_step(q, k, v, encoding, cache, reach, chunk), causal, reach)
@@ -231,7 +263,7 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
     if not causal and not encoding.noncausal:
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
     _check_flex(backend, q.device)
-    _check_batch(cache, k, " (model.new_cache())")
+    _check_cache(cache, k, v, " (model.new_cache())")
     q = _rotate_query(encoding, q, positions, tables, reach, chunk)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     heads = q.shape[1]
@@ -249,7 +281,7 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form: a query counts or decays the keys "
                           "before it; use causal=True")
     if isinstance(cache, SinkCache):
-        return _attend_tokens_sink(q, k, v, encoding, backend, cache, reach, decay)
+        return _attend_tokens_sink(q, k, v, encoding, backend, positions, cache, reach, decay)
     if tables is not None and not tables.serves(encoding, positions):
         raise PosencError("tables serve the encoding and the positions tensor they were built for "
                           "(tables = encoding.tables(positions)): pass that very tensor, or no tables")
@@ -274,7 +306,7 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
         sums = None if decay is None else forget_sums(decay)
         return TOKEN_BACKENDS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions,
                                       causal, reach, sums, sums)
-    _check_batch(cache, k, " (model.new_cache())")
+    _check_cache(cache, k, v, " (model.new_cache())")
     q = _rotate_query(encoding, q, positions, tables, reach)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     c_q, c_k = (None, None) if decay is None else cache.continue_sums(decay)
@@ -282,14 +314,14 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
                                   causal, reach, c_q, c_k)
 
 
-def _attend_tokens_sink(q, k, v, encoding, backend, cache: SinkCache, reach, decay):
+def _attend_tokens_sink(q, k, v, encoding, backend, positions, cache: SinkCache, reach, decay):
     """CoPE with a :class:`SinkCache`: its gates count the keys the cache holds, at their slots. A decay cannot be
     served: the cache drops the tokens whose forget values the running sums of the kept ones would need."""
     if decay is not None:
         raise PosencError("a sink cache drops tokens and keeps no running sums of log forget values: decode a "
                           "decay-gated encoding (FoX) with a KVCache")
-    _check_inputs(q, k, v, None)
-    _check_batch(cache, k)
+    _check_slots(q, k, v, positions, cache)
+    _check_cache(cache, k, v)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
     return TOKEN_BACKENDS[backend](*_sink_step(q, k, v, encoding, cache, reach), True, reach)

@@ -9,6 +9,11 @@ from ..encodings.forgetting import forget_sums
 from ..errors import PosencError
 
 
+def shown(positions: torch.Tensor) -> str:
+    """A few positions, for an error message."""
+    return str(positions.tolist()) if positions.numel() <= 8 else f"{positions.flatten()[:8].tolist()} ..."
+
+
 class KVCache:
     """One layer's key/value cache for incremental decoding: keys, values and their positions so far.
 
@@ -37,12 +42,26 @@ class KVCache:
 
     def append(self, k, v, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append the new keys, values (``b h n d``) and positions (``n``); returns everything cached."""
+        self.check_continues(positions)
         if self.k is None:
             self.k, self.v, self.positions = k, v, positions
         else:
             self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
             self.positions = torch.cat([self.positions, positions])
         return self.k, self.v, self.positions
+
+    def check_continues(self, positions: torch.Tensor) -> None:
+        """Raise :class:`PosencError` unless ``positions`` (``n``) rise and start after the last cached one. The causal
+        mask works by index (a query sees the keys cached before it), which is causality in positions only while the
+        positions rise: a cache holding ``8, 9, 5`` would let the token at 5 see those at 8 and 9. Gaps are fine."""
+        last = None if self.positions is None or not len(self) else self.positions[-1:]
+        run = positions if last is None else torch.cat([last.to(positions.device), positions])
+        if run.numel() > 1 and not bool((run.diff() > 0).all()):
+            held, after = "a KVCache's positions", ""
+            if last is not None:
+                held, after = f"a KVCache holds positions up to {int(last)}: new positions", " and after the last cached"
+            raise PosencError(f"{held} must be increasing{after} (its causal mask works by index), got "
+                              f"{shown(positions)}: pass positions=None to continue from the cache, or use a new cache")
 
     #: the running sums ``c_t`` of the cached tokens' log forget values (``b h n``), for a decay-gated encoding (FoX)
     sums: torch.Tensor | None = None

@@ -21,13 +21,8 @@ def future_mask(nq: int, nk: int, device, offset: int | None = None) -> torch.Te
 
 
 def _distance_range(q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[int, int]:
-    """The smallest and largest signed distance ``i - j`` between a query and a key position.
-
-    Under ``torch.compile``, where reading values would break the graph, the positions are taken to be
-    the model's: keys ``0 .. n_k-1`` and the queries the last ``n_q`` of them (as with a key/value cache).
-    """
-    if torch.compiler.is_compiling():
-        return 1 - q_pos.shape[-1], k_pos.shape[-1] - 1
+    """The smallest and largest signed distance ``i - j`` between a query and a key position: values, which
+    ``torch.compile`` cannot read (its callers build the bias pairwise there instead of sizing a table)."""
     return int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
 
 
@@ -168,7 +163,8 @@ def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> C
     When the positions are ``0 .. n-1`` the indices are the positions; otherwise the positions are
     looked up (``q_pos[q_idx]``, ``k_pos[kv_idx]``). An encoding's own :meth:`~posenc_lab.encodings.Encoding.score_mod`
     comes first (ALiBi's slopes, FIRE's normaliser and MLP); otherwise distance-only biases become a lookup in a small
-    per-distance table, and any other bias is built once and gathered pair by pair. Every gathered index is clamped: a ``score_mod`` is evaluated on masked-out
+    per-distance table (not under ``torch.compile``, which cannot read the positions to size it), and any other bias
+    is built once and gathered pair by pair. Every gathered index is clamped: a ``score_mod`` is evaluated on masked-out
     positions too, where a distance can fall outside the table.
     """
     if not encoding.has_bias:
@@ -185,7 +181,7 @@ def score_mod(encoding: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor) -> C
     own = encoding.score_mod(positions)
     if own is not None:
         return own
-    if encoding.distance_only:
+    if encoding.distance_only and not torch.compiler.is_compiling():  # compiled: no table sized from values
         lo, hi = _distance_range(q_pos, k_pos)
         table = encoding.distance_bias(torch.arange(lo, hi + 1, device=q_pos.device))  # h d
         size = hi - lo + 1

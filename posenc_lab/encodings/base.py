@@ -10,14 +10,13 @@ import torch
 from torch import nn
 
 
+@torch.compiler.disable
 def position_span(positions: torch.Tensor) -> int:
     """``max(positions) + 1``, the size of the tables an encoding needs for ``positions``.
 
-    Under ``torch.compile``, where reading a tensor's value would break the graph, positions are the
-    model's ``0 .. n-1`` and the span is their number.
+    The value of a tensor: under ``torch.compile`` this is a graph break (taking the positions' number instead
+    would be right only for the model's ``0 .. n-1``), so a caller that can do without it should not ask.
     """
-    if torch.compiler.is_compiling():
-        return positions.shape[-1]
     return int(positions.max()) + 1 if positions.numel() else 0
 
 
@@ -77,6 +76,9 @@ class Encoding(nn.Module):
     #: query's own chunk of ``C`` positions (``floor(i / C) == floor(j / C)``); None: every key
     window: int | None = None
     chunk: int | None = None
+    #: the number of query heads the encoding was built for (one slope, bias column, gate or scale per head), which
+    #: :func:`~posenc_lab.backends.attention` checks against the queries; None when it serves any number of heads
+    num_heads: int | None = None
     #: True when the ``rotate`` hook reads how many keys each query sees (SSMax's ``log n``): attention then hands
     #: ``rotate`` and ``rotate_one`` the ``reach`` and ``chunk`` it applies, as keywords
     counts_keys = False

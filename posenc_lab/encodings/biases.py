@@ -61,6 +61,11 @@ class ALiBi(_BiasEncoding):
         super().__init__()
         self.register_buffer("slopes", bias.alibi_slopes(num_heads).to(torch.float32), persistent=False)
 
+    @property
+    def num_heads(self) -> int:
+        """One slope per head."""
+        return self.slopes.shape[0]
+
     def bias(self, q_pos, k_pos):
         return bias.alibi_bias(self.slopes, q_pos, k_pos)
 
@@ -91,6 +96,11 @@ class T5(_BiasEncoding):
 
     noncausal_hint = " (build it with bidirectional=True)"
 
+    @property
+    def num_heads(self) -> int:
+        """One column of the bucket table per head."""
+        return self.table.table.shape[1]  # buckets x heads
+
     def bias(self, q_pos, k_pos):
         return self.table(q_pos, k_pos)
 
@@ -103,6 +113,11 @@ class Kerple(_BiasEncoding):
     def __init__(self, num_heads: int, **options):
         super().__init__()
         self.kernel = bias.KerpleLog(num_heads, **options)
+
+    @property
+    def num_heads(self) -> int:
+        """One pair ``r1, r2`` per head."""
+        return self.kernel.raw_r1.shape[0]
 
     def bias(self, q_pos, k_pos):
         return self.kernel(q_pos, k_pos)
@@ -127,6 +142,11 @@ class Fire(_BiasEncoding):
         super().__init__()
         options.setdefault("init_threshold", float(train_len))
         self.fire = bias.FIRE(num_heads, **options)
+
+    @property
+    def num_heads(self) -> int:
+        """One output of the MLP per head."""
+        return self.fire.mlp[-1].out_features
 
     def bias(self, q_pos, k_pos):
         return self.fire(q_pos, k_pos)

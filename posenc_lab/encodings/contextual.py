@@ -11,8 +11,9 @@ For query ``i`` and key ``j <= i`` of one head (``d`` the head dimension):
 ``e[0 .. P-1]`` are learned position embeddings of the head dimension, shared by the heads of a layer (each head
 counts with its own gates). This is the paper's listing: the gates read the logits scaled by ``1 / sqrt(d)`` and
 ``q_i . e[p_ij]`` is added unscaled. The authors' released code, by default, adds ``q_i . e[p_ij]`` before the
-division by ``sqrt(d)`` (so the term is ``q_i . e[p_ij] / sqrt(d)``, and the gates read the unscaled logits); the
-two are one model up to the scale of ``e``, but Adam moves an unscaled term ``sqrt(d)`` times faster. Every gate at 1 gives ``p_ij = i - j + 1``: a relative position embedding. The bias
+division by ``sqrt(d)`` (so the term is ``q_i . e[p_ij] / sqrt(d)``); its gates, like these, read ``q_i . k_j /
+sqrt(d)``. The two are one model up to the scale of ``e``, but Adam moves an unscaled term ``sqrt(d)`` times faster.
+Every gate at 1 gives ``p_ij = i - j + 1``: a relative position embedding. The bias
 depends on the queries and keys, so the attention backends compute it from them
 (:meth:`~posenc_lab.encodings.Encoding.token_bias`); the keys a query does not see have gate 0.
 """

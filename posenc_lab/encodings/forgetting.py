@@ -64,6 +64,11 @@ class FoXLayer(Encoding):
         self.w_f = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
         self.b_f = nn.Parameter(torch.full((num_heads,), float(gate_bias)))  # h
 
+    @property
+    def num_heads(self) -> int:
+        """One forget gate per head."""
+        return self.w_f.shape[0]
+
     def decay(self, x):
         if x.dim() != 3 or x.shape[-1] != self.w_f.shape[-1]:
             raise PosencError(f"FoX's gates read the layer's input (b, n, {self.w_f.shape[-1]}), got {tuple(x.shape)}")

@@ -84,17 +84,20 @@ class RoPE(Encoding):
         return self._cos_sin(positions, dtype)
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.reads_span and torch.compiler.is_compiling():
+            # the factor is read from max(positions) + 1, a value a graph cannot hold: a graph break, not n in its place
+            return _outside_the_graph(self._cos_sin, positions, dtype)
         if positions.dim() == 2 and self.scaling != "none" and (self.factor is None or self.scaling == "dynamic-ntk"):
             # the frequencies follow each row's own length: one table per row, as a loop over the rows would build
             rows = [self._cos_sin(row, dtype) for row in positions]
             return torch.stack([c for c, _ in rows]), torch.stack([s for _, s in rows])
-        n = position_span(positions)
         if self.scaling == "dynamic-ntk" and self.dynamic == "cache":
             angles = rope.dynamic_ntk_angles(positions, self.rotary_dim, base=self.base, train_len=self.train_len)
             factor = 1.0
         else:
+            seq_len = max(position_span(positions), 1) if self.reads_span else None
             freqs, factor = rope.scaled_inv_freq(self.scaling, self.rotary_dim, base=self.base, train_len=self.train_len,
-                                                 seq_len=max(n, 1), factor=self.factor, **self.scaling_options)
+                                                 seq_len=seq_len, factor=self.factor, **self.scaling_options)
             angles = rope.rope_angles(positions, freqs)
         if self.kept_pairs < self.rotary_dim // 2:  # p-RoPE: the slowest pairs do not turn
             angles = angles * (torch.arange(angles.shape[-1], device=angles.device) < self.kept_pairs)
@@ -122,6 +125,12 @@ class RoPE(Encoding):
         return torch.cat([turned, x[..., self.rotary_dim :]], dim=-1)
 
     @property
+    def reads_span(self) -> bool:
+        """Whether the rotation reads the length ``max(positions) + 1`` (:func:`position_span`): a factor that follows
+        the length, or dynamic NTK in its ``"sequence"`` form."""
+        return self.factor_follows_length or (self.scaling == "dynamic-ntk" and self.dynamic == "sequence")
+
+    @property
     def factor_follows_length(self) -> bool:
         """Whether the strategy's factor is ``max(1, n / train_len)`` for each call's length ``n`` (any strategy but
         ``none`` with ``factor=None``; dynamic NTK derives its own and is not counted here)."""
@@ -145,6 +154,13 @@ class RoPE(Encoding):
 
 
 DYNAMIC_FORMS = ("cache", "sequence")
+
+
+@torch.compiler.disable(reason="RoPE's factor follows the length max(positions) + 1, a value no graph holds: pass "
+                                "factor=... (a fixed factor) to compile with fullgraph=True")
+def _outside_the_graph(fn, *args):
+    """``fn(*args)`` run eagerly under ``torch.compile``: a graph break, for tables that read the positions' values."""
+    return fn(*args)
 
 
 def _fraction_of(name: str, fraction, total: int) -> int:
