@@ -231,12 +231,19 @@ def _context_parser(sub) -> None:
 
 
 def _report(folder, figures: bool = True) -> str:
-    """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``."""
-    from . import report
-    from .figures import save_report_figures
+    """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``. Without the
+    ``[book]`` extra that draws them (``pip install posenc-lab[lab]`` alone), the figures are skipped with one line
+    that names it: the results are in the folder already."""
+    from . import extras, report
 
     text = report.report(folder)
     if figures:
+        absent = extras.missing("book")
+        if absent:
+            return text + (f"\n\nfigures skipped: they need the [book] extra (missing: {', '.join(absent)}): "
+                           "pip install 'posenc-lab[book]'")
+        from .figures import save_report_figures
+
         rows, units, _ = report.load(folder)
         written = save_report_figures(rows, units, Path(folder) / "figures")
         text += "\n\nfigures: " + ", ".join(str(p) for p in written)

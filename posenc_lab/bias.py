@@ -57,6 +57,19 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+def partial_alibi_slopes(num_heads: int, alibi_heads: int) -> torch.Tensor:
+    """ALiBi on a subset of the heads: the first ``alibi_heads`` heads get the slopes ALiBi gives that many heads
+    (:func:`alibi_slopes` of ``alibi_heads``: the geometric sequence, and for a count that is not a power of two the
+    paper's interleaving rule, which BLOOM and Baichuan use), the other ``num_heads - alibi_heads`` the slope 0: no
+    bias, heads that see no position (NoPE heads beside ALiBi ones). ``alibi_heads = num_heads`` is ALiBi itself.
+    float64."""
+    check_heads(num_heads)
+    if isinstance(alibi_heads, bool) or not isinstance(alibi_heads, int) or not 1 <= alibi_heads <= num_heads:
+        raise PosencError(f"alibi_heads must be an integer from 1 to the number of heads ({num_heads}), got "
+                          f"{alibi_heads!r}")
+    return torch.cat([alibi_slopes(alibi_heads), torch.zeros(num_heads - alibi_heads, dtype=torch.float64)])
+
+
 def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """``b[h, m, n] = -mu_h |m - n|``: a penalty linear in the distance (both sides, for non-causal attention)."""
     return -rearrange(slopes, "h -> h 1 1") * distances(q_pos, k_pos).abs()

@@ -205,8 +205,8 @@ class GPT(nn.Module):
         elif cache and not self.encoding.cacheable:
             restore()
             raise PosencError("this encoding changes the positions or rotation of keys already seen at every step "
-                              "(dynamic NTK in its 'sequence' form, randomized positions), which no key/value cache "
-                              "can serve: generate with cache=False (or leave cache unset)")
+                              "(dynamic NTK in its 'sequence' form, LongRoPE, randomized positions), which no "
+                              "key/value cache can serve: generate with cache=False (or leave cache unset)")
         try:
             tokens, chosen = prompt, []
             caches = self.new_cache() if cache else None

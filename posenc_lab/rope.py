@@ -112,24 +112,53 @@ def _ntk(dim, base, factor, train_len, seq_len):
     return inv_freq(dim, ntk_base(base, factor, dim)), 1.0
 
 
+def dynamic_ntk_factor(length, train_len: int, slope: float = 1.0):
+    """Dynamic NTK's factor at ``length``: ``s = 1 + k (max(length, L) / L - 1)``, ``L = train_len``, slope ``k``.
+
+    ``k = 1`` (the default) is ``s = max(1, length / L)``, emozilla's rule; Hugging Face's ``dynamic`` RoPE writes
+    ``s = k max(length, L) / L - (k - 1)`` with its ``factor`` as ``k``, the same line through ``s = 1`` at ``L``
+    with slope ``k``. ``length`` may be a tensor (one factor per position).
+    """
+    if isinstance(slope, bool) or not isinstance(slope, (int, float)) or not slope > 0:
+        raise PosencError(f"dynamic NTK's slope (Hugging Face's factor) must be a positive number, got {slope!r}")
+    ratio = length / train_len
+    ratio = ratio.clamp(min=1.0) if isinstance(ratio, torch.Tensor) else max(1.0, ratio)
+    return 1.0 + slope * (ratio - 1.0)
+
+
 @_register("dynamic-ntk")
-def _dynamic_ntk(dim, base, factor, train_len, seq_len):
+def _dynamic_ntk(dim, base, factor, train_len, seq_len, slope=1.0):
     """Dynamic NTK: NTK-aware scaling with ``s = max(1, seq_len / train_len)`` for the current length.
 
     At or below the training length it is exactly plain RoPE. (The rule of emozilla's dynamic
-    scaling and of Hugging Face's ``dynamic`` RoPE with ``factor = 1``; Qwen's variant instead sets
+    scaling and of Hugging Face's ``dynamic`` RoPE with ``factor = 1``; Hugging Face's ``factor = k``
+    is ``slope=k``, ``s = 1 + k (seq_len / train_len - 1)`` past the training length,
+    :func:`dynamic_ntk_factor`; Qwen's variant instead sets
     ``alpha = 2 ** ceil(log2(s) + 1) - 1``, one less than a power of two, and fixes it at the
     prompt.) The factor is always derived from ``seq_len``; a position-wise variant, where the
     token at position ``p`` uses the base for length ``p + 1`` as in generation with a key/value
     cache, is :func:`dynamic_ntk_angles`.
     """
-    s = max(1.0, seq_len / train_len)
+    s = dynamic_ntk_factor(seq_len, train_len, slope)
     return inv_freq(dim, ntk_base(base, s, dim)), 1.0
 
 
 def yarn_attention_factor(factor: float) -> float:
     """YaRN's temperature: ``sqrt(1/t) = 0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22), 1 for ``s <= 1``."""
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def yarn_mscale_ratio(factor: float, mscale: float, mscale_all_dim: float) -> float:
+    """DeepSeek's YaRN attention factor ``(0.1 m ln s + 1) / (0.1 m_all ln s + 1)`` (1 for ``s <= 1``), with
+    ``m = mscale`` and ``m_all = mscale_all_dim`` (DeepSeek-V2/V3, as Hugging Face computes it when both are set).
+
+    The numerator is the paper's ``sqrt(1/t)`` with ``ln s`` weighted by ``m``; dividing by the same form in
+    ``m_all`` undoes the part that those models apply to every dimension of the logits instead (their softmax scale
+    is multiplied by ``(0.1 m_all ln s + 1)^2``, a step of the model, not of the rotation). ``m = m_all`` gives 1.
+    """
+    if factor <= 1:
+        return 1.0
+    return (0.1 * mscale * math.log(factor) + 1.0) / (0.1 * mscale_all_dim * math.log(factor) + 1.0)
 
 
 def yarn_ramp(
@@ -140,6 +169,7 @@ def yarn_ramp(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     ramp: str = "index",
+    truncate: bool = True,
 ) -> torch.Tensor:
     """YaRN's per-pair extrapolation weight ``gamma_i`` in [0, 1] (Peng et al. 2023, "NTK-by-parts").
 
@@ -154,7 +184,9 @@ def yarn_ramp(
       and ``hi = min(ceil(i(beta_slow)), d - 1)``, where ``i(r) = d ln(L / (2 pi r)) / (2 ln base)`` is
       the fractional pair making exactly ``rho`` turns in ``L`` positions (``hi`` is capped at ``d - 1``
       as in that code, not at the last pair ``d/2 - 1``; a zero-width ramp gets ``hi = lo + 0.001``).
-      Because ``lo`` is clamped at 0, pair 0 is always kept, even when it makes fewer than ``beta_fast`` turns;
+      Because ``lo`` is clamped at 0, pair 0 is always kept, even when it makes fewer than ``beta_fast`` turns.
+      ``truncate=False`` keeps ``lo`` and ``hi`` fractional (no floor, no ceil: Hugging Face's ``truncate: false``,
+      gpt-oss's setting);
     * ``ramp="rotations"`` (the paper's equation): ``gamma = clamp((rho - beta_slow) / (beta_fast - beta_slow), 0, 1)``,
       linear in the number of turns.
 
@@ -166,8 +198,10 @@ def yarn_ramp(
         turns = train_len / wavelengths(freqs)
         return ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
     if ramp == "index":
-        low = max(math.floor(yarn_pair_making(beta_fast, dim, base, train_len)), 0)
-        high = min(math.ceil(yarn_pair_making(beta_slow, dim, base, train_len)), dim - 1)
+        low, high = yarn_pair_making(beta_fast, dim, base, train_len), yarn_pair_making(beta_slow, dim, base, train_len)
+        if truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
         if high == low:
             high = low + 0.001
         index = torch.arange(dim // 2, dtype=torch.float64)
@@ -197,18 +231,20 @@ def yarn_pair_making(turns: float, dim: int, base: float, train_len: int) -> flo
 
 
 @_register("yarn")
-def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, ramp="index", mscale=None):
+def _yarn(dim, base, factor, train_len, seq_len, beta_fast=32.0, beta_slow=1.0, ramp="index", mscale=None,
+          truncate=True):
     """YaRN (Peng et al. 2023): ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``, attention factor ``0.1 ln s + 1``.
 
-    ``gamma_i`` is :func:`yarn_ramp` (default: the ramp of the released models); ``mscale`` overrides
-    the attention factor. The factor multiplies both the rotated query and the rotated key, so the
+    ``gamma_i`` is :func:`yarn_ramp` (default: the ramp of the released models; ``truncate=False``: its
+    fractional bounds); ``mscale`` overrides the attention factor (DeepSeek's ratio:
+    :func:`yarn_mscale_ratio`). The factor multiplies both the rotated query and the rotated key, so the
     logits scale by its square, ``(0.1 ln s + 1)^2``: the paper's ``1 / t``.
     """
     if not (isinstance(beta_fast, (int, float)) and isinstance(beta_slow, (int, float)) and 0 < beta_slow < beta_fast):
         raise PosencError(f"YaRN needs 0 < beta_slow < beta_fast, got beta_slow={beta_slow!r}, beta_fast={beta_fast!r}")
     if mscale is not None and (not isinstance(mscale, (int, float)) or not mscale > 0):
         raise PosencError(f"YaRN's mscale must be a positive number, got {mscale!r}")
-    gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
+    gamma = yarn_ramp(dim, base, train_len, beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp, truncate=truncate)
     freqs = inv_freq(dim, base)
     scaled = (1 - gamma) * freqs / factor + gamma * freqs
     return scaled, yarn_attention_factor(factor) if mscale is None else float(mscale)
@@ -244,6 +280,35 @@ def _llama3(dim, base, factor, train_len, seq_len, low_freq_factor=1.0, high_fre
     return (1 - g) * freqs / factor + g * freqs, 1.0
 
 
+def longrope_attention_factor(factor: float, original_len: int) -> float:
+    """LongRoPE's attention factor ``sqrt(1 + ln s / ln L_o)`` (1 for ``s <= 1``; Ding et al. 2024, Phi-3)."""
+    return math.sqrt(1.0 + math.log(factor) / math.log(original_len)) if factor > 1 else 1.0
+
+
+@_register("longrope")
+def _longrope(dim, base, factor, train_len, seq_len, short_factor=None, long_factor=None, mscale=None):
+    """LongRoPE (Ding et al. 2024; Phi-3, Hugging Face's ``rope_type="longrope"``): a searched rescale per pair.
+
+    ``theta_i' = theta_i / lambda_i``, with ``lambda`` the ``d/2`` numbers of ``long_factor`` when the current length
+    ``seq_len`` exceeds the training length ``L_o = train_len`` (the original context), ``short_factor`` otherwise
+    (and when no length is given). The choice is made for the whole sequence: a length-following rotation, which a
+    key/value cache cannot serve. Attention factor :func:`longrope_attention_factor` of ``s`` (Hugging Face's
+    ``factor``, by default ``max_position_embeddings / original_max_position_embeddings``); ``mscale`` overrides it.
+    """
+    pairs = dim // 2
+    for name, values in (("short_factor", short_factor), ("long_factor", long_factor)):
+        if (not isinstance(values, (list, tuple)) or len(values) != pairs
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in values)):
+            shown = f"{len(values)} values" if isinstance(values, (list, tuple)) else repr(values)
+            raise PosencError(f"LongRoPE needs {name}: a list of {pairs} positive numbers (one per pair of the "
+                              f"rotary dimension {dim}), got {shown}")
+    if mscale is not None and (isinstance(mscale, bool) or not isinstance(mscale, (int, float)) or not mscale > 0):
+        raise PosencError(f"LongRoPE's mscale must be a positive number, got {mscale!r}")
+    rescale = long_factor if seq_len is not None and seq_len > train_len else short_factor
+    freqs = inv_freq(dim, base) / torch.tensor(rescale, dtype=torch.float64)
+    return freqs, longrope_attention_factor(factor, train_len) if mscale is None else float(mscale)
+
+
 def resolve_factor(train_len: int, seq_len: int | None, factor: float | None) -> float:
     """The scale factor ``s``: as given, else ``max(1, seq_len / train_len)``, else 1.
 
@@ -273,8 +338,9 @@ def scaled_inv_freq(
 
     ``factor`` defaults to ``max(1, seq_len / train_len)``; every strategy but ``none`` needs one of the
     two (``dynamic-ntk`` needs ``seq_len``). ``options`` are the strategy's own: ``beta_fast``,
-    ``beta_slow``, ``ramp``, ``mscale`` for YaRN; ``low_freq_factor``, ``high_freq_factor``,
-    ``original_len`` for Llama 3.
+    ``beta_slow``, ``ramp``, ``mscale``, ``truncate`` for YaRN; ``low_freq_factor``, ``high_freq_factor``,
+    ``original_len`` for Llama 3; ``slope`` for dynamic NTK; ``short_factor``, ``long_factor``, ``mscale`` for
+    LongRoPE (which reads ``seq_len`` even with a fixed ``factor``: it chooses its factors by the length).
     """
     if method not in ROPE_SCALINGS:
         raise unknown_name("RoPE scaling", method, ROPE_SCALINGS)
@@ -298,17 +364,18 @@ def scaled_inv_freq(
         raise PosencError(f"RoPE scaling {method!r} got an unexpected option: {err}") from None
 
 
-def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000.0, train_len: int) -> torch.Tensor:
+def dynamic_ntk_angles(positions: torch.Tensor, dim: int, *, base: float = 10000.0, train_len: int,
+                       slope: float = 1.0) -> torch.Tensor:
     """Angles of position-wise dynamic NTK: position ``p`` uses the NTK base for length ``max(p + 1, train_len)``.
 
     This is what a model generating one token at a time with a key/value cache sees under
     dynamic NTK: each key keeps the rotation it got when it was appended (a prompt counts as if it
-    had been fed one token at a time). Shape ``... n d/2``.
+    had been fed one token at a time). ``slope``: :func:`dynamic_ntk_factor`'s. Shape ``... n d/2``.
     """
     check_even("RoPE head dimension", dim)
     check_base(base)
     p = positions.to(torch.float64)
-    s = ((p + 1) / train_len).clamp(min=1.0)  # ... n
+    s = dynamic_ntk_factor(p + 1, train_len, slope)  # ... n
     exponents = torch.arange(0, dim, 2, dtype=torch.float64, device=p.device) / dim  # f
     bases = ntk_base(base, s[..., None], dim)  # ... n 1: the NTK base of each position's own length
     return p[..., None] * bases ** -exponents
@@ -345,11 +412,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = 
 
 def batch_tables(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A table of positions ``b n`` (``b n f``) laid out for ``x`` of shape ``b h n d``: ``b 1 n f``, so that batch
-    row ``i`` is rotated with the positions of row ``i`` in every head (Hugging Face's ``position_ids``). Any
-    other table is returned as it is."""
+    row ``i`` is rotated with the positions of row ``i`` in every head (Hugging Face's ``position_ids``); a table of
+    one row (positions ``1 n``, as Hugging Face passes them) serves every row of the batch. Any other table is
+    returned as it is."""
     if table.dim() == 3 and x.dim() == 4:
-        if table.shape[0] != x.shape[0]:
-            raise PosencError(f"positions of shape (b, n) need b = the batch of q and k ({x.shape[0]}), got b = "
+        if table.shape[0] not in (1, x.shape[0]):
+            raise PosencError(f"positions of shape (b, n) need b = 1 or the batch of q and k ({x.shape[0]}), got b = "
                               f"{table.shape[0]}")
         return rearrange(table, "b n f -> b 1 n f")
     return table

@@ -6,7 +6,9 @@ Run once, on a machine with ``transformers`` installed (4.45 or later, 5.x inclu
     python scripts/hf_rope_golden.py --out x.json
 
 For every RoPE type of ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` that posenc_lab implements
-(``default``, ``linear``, ``dynamic``, ``yarn``, ``llama3``), and for partial rotary
+(``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``) in a spread of settings (YaRN's
+``attention_factor``, ``mscale``, ``mscale_all_dim`` and ``truncate``; LongRoPE below and above its original
+length; dynamic at several lengths and factors; Llama 3's thresholds), and for partial rotary
 (``partial_rotary_factor``), it builds a small ``LlamaConfig`` and stores the ``inv_freq`` and
 ``attention_factor`` that transformers' own initialisation function returns. The package is not imported:
 the JSON holds transformers' inputs and outputs only, and the test maps each case onto the package.
@@ -22,7 +24,7 @@ The JSON format::
 
 ``params`` are the type's own parameters as passed (``rope_type``, ``rope_theta`` and
 ``partial_rotary_factor`` are fields of their own); ``seq_len`` is the current length handed to
-``dynamic`` (null: the initialisation value).
+``dynamic`` and ``longrope`` (null: the initialisation value).
 """
 
 from __future__ import annotations
@@ -36,27 +38,78 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_rope_golden.j
 HEADS = 4
 
 # (name, rope_type, head_dim, rope_theta, partial_rotary_factor, max_position_embeddings, params, seq_len);
-# llama3 reads its original_max_position_embeddings from params, and transformers expects the config's
-# max_position_embeddings above it (Llama 3.1: 8192 and 131072)
+# yarn, longrope and llama3 read original_max_position_embeddings from params (transformers sets it to the config's
+# max_position_embeddings when absent), and transformers expects max_position_embeddings above it (Llama 3.1: 8192
+# and 131072)
+
+
+def _longrope_factors(pairs: int) -> dict:
+    """A short and a long factor per pair, shaped like Phi-3's (short near 1, long rising to a few dozen)."""
+    return {"short_factor": [round(1.0 + 0.08 * (i / (pairs - 1)) ** 2, 6) for i in range(pairs)],
+            "long_factor": [round(1.0 + 40.0 * (i / (pairs - 1)) ** 3, 6) for i in range(pairs)]}
+
+
+LLAMA3 = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
+LONG = {"original_max_position_embeddings": 512, **_longrope_factors(32)}
 CASES = [
     ("default", "default", 64, 10000.0, 1.0, 512, {}, None),
+    ("default-theta-500k", "default", 128, 500000.0, 1.0, 8192, {}, None),
     ("linear", "linear", 64, 10000.0, 1.0, 512, {"factor": 4.0}, None),
     *[(f"dynamic-{n or 'init'}", "dynamic", 64, 10000.0, 1.0, 512, {"factor": 1.0}, n)
       for n in (None, 256, 512, 1024, 2048, 4096)],
+    *[(f"dynamic-factor-{k:g}-{n or 'init'}", "dynamic", 64, 10000.0, 1.0, 512, {"factor": k}, n)
+      for k in (2.0, 4.0) for n in (None, 256, 513, 1024, 4096)],
     ("yarn", "yarn", 64, 10000.0, 1.0, 512, {"factor": 4.0}, None),
     ("yarn-factor-16", "yarn", 64, 10000.0, 1.0, 512, {"factor": 16.0}, None),
     ("yarn-betas", "yarn", 64, 10000.0, 1.0, 512, {"factor": 4.0, "beta_fast": 16.0, "beta_slow": 2.0}, None),
     ("yarn-attention-factor", "yarn", 64, 10000.0, 1.0, 512, {"factor": 4.0, "attention_factor": 1.5}, None),
-    ("llama3", "llama3", 64, 10000.0, 1.0, 2048,
-     {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512}, None),
+    ("yarn-original", "yarn", 128, 1000000.0, 1.0, 131072, {"factor": 4.0, "original_max_position_embeddings": 32768},
+     None),
+    ("yarn-factor-from-lengths", "yarn", 64, 10000.0, 1.0, 2048,
+     {"factor": None, "original_max_position_embeddings": 512}, None),
+    ("yarn-mscale", "yarn", 64, 10000.0, 1.0, 20480,
+     {"factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.8, "original_max_position_embeddings": 512}, None),
+    ("yarn-mscale-deepseek", "yarn", 64, 10000.0, 1.0, 163840,
+     {"factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+      "original_max_position_embeddings": 4096}, None),
+    ("yarn-mscale-alone", "yarn", 64, 10000.0, 1.0, 2048,
+     {"factor": 4.0, "mscale": 0.707, "original_max_position_embeddings": 512}, None),
+    ("yarn-attention-factor-and-mscale", "yarn", 64, 10000.0, 1.0, 2048,
+     {"factor": 4.0, "attention_factor": 1.2, "mscale": 1.0, "mscale_all_dim": 0.5,
+      "original_max_position_embeddings": 512}, None),
+    ("yarn-truncate-false", "yarn", 64, 150000.0, 1.0, 131072,
+     {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+     None),
+    ("yarn-truncate-true", "yarn", 64, 150000.0, 1.0, 131072,
+     {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "original_max_position_embeddings": 4096},
+     None),
+    ("yarn-truncate-false-betas", "yarn", 64, 10000.0, 1.0, 2048,
+     {"factor": 4.0, "beta_fast": 8.0, "beta_slow": 0.5, "truncate": False, "original_max_position_embeddings": 512},
+     None),
+    *[(f"longrope-{n or 'init'}", "longrope", 64, 10000.0, 1.0, 4096, LONG, n) for n in (None, 256, 512, 513, 2048)],
+    ("longrope-factor", "longrope", 64, 10000.0, 1.0, 4096, {"factor": 2.0, **LONG}, 1024),
+    ("longrope-attention-factor", "longrope", 64, 10000.0, 1.0, 4096, {"attention_factor": 1.25, **LONG}, 2048),
+    ("longrope-phi3-theta", "longrope", 96, 10000.0, 1.0, 131072,
+     {"original_max_position_embeddings": 4096, **_longrope_factors(48)}, 8192),
+    ("llama3", "llama3", 64, 10000.0, 1.0, 2048, LLAMA3, None),
     ("llama3-meta", "llama3", 128, 500000.0, 1.0, 131072,
      {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, None),
+    ("llama3-low-high", "llama3", 64, 10000.0, 1.0, 16384,
+     {"factor": 16.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 1024}, None),
+    ("llama3-factor-32", "llama3", 128, 500000.0, 1.0, 131072,
+     {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 4096}, None),
     ("partial-default", "default", 64, 10000.0, 0.5, 512, {}, None),
     ("partial-linear", "linear", 64, 10000.0, 0.5, 512, {"factor": 4.0}, None),
     ("partial-dynamic-2048", "dynamic", 64, 10000.0, 0.5, 512, {"factor": 1.0}, 2048),
+    ("partial-dynamic-factor-2-2048", "dynamic", 64, 10000.0, 0.5, 512, {"factor": 2.0}, 2048),
     ("partial-yarn", "yarn", 64, 10000.0, 0.5, 512, {"factor": 4.0}, None),
-    ("partial-llama3", "llama3", 64, 10000.0, 0.25, 2048,
-     {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512}, None),
+    ("partial-yarn-truncate-false", "yarn", 64, 10000.0, 0.5, 2048,
+     {"factor": 4.0, "truncate": False, "mscale": 1.0, "mscale_all_dim": 0.5, "original_max_position_embeddings": 512},
+     None),
+    *[(f"partial-longrope-{n}", "longrope", 64, 10000.0, 0.5, 4096,
+       {"original_max_position_embeddings": 512, **_longrope_factors(16)}, n) for n in (300, 3000)],
+    ("partial-llama3", "llama3", 64, 10000.0, 0.25, 2048, LLAMA3, None),
+    ("partial-llama3-0.75", "llama3", 64, 10000.0, 0.75, 2048, LLAMA3, None),
 ]
 
 

@@ -184,3 +184,28 @@ def test_results_are_found_by_their_marker(tmp_path, monkeypatch):
     monkeypatch.setenv("POSENC_LAB_RESULTS", str(tmp_path))
     with pytest.raises(PosencError, match="has no POSENC_RESULTS.md"):
         results.root()
+
+
+@pytest.mark.slow
+def test_a_run_with_the_lab_extra_alone_saves_its_results_and_skips_the_figures_in_one_line(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """``pip install posenc-lab[lab]`` without the figures' extra: the run finishes, its tables are written, and the
+    figures are skipped with one printed line naming the extra that draws them (simulated: the figure modules
+    cannot be imported)."""
+    from posenc_lab.__main__ import main
+    from posenc_lab.extras import EXTRAS
+
+    for name in EXTRAS["book"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import fails, find_spec finds nothing
+    for name in ("posenc_lab.figures", "posenc_lab.plots"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    out = tmp_path / "run"
+    args = ["run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--warmup", "1", "--checkpoint-every", "2",
+            "--eval-lengths", "64", "--eval-tokens", "128", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert (out / "results.csv").exists() and json.loads((out / "results.json").read_text())
+    assert not (out / "figures").exists()
+    skipped = [line for line in printed if "figures" in line.lower()]
+    assert skipped == ["figures skipped: they need the [book] extra (missing: matplotlib, seaborn, plotly): "
+                       "pip install 'posenc-lab[book]'"]

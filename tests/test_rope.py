@@ -210,7 +210,7 @@ def test_xpos_score_is_relative_and_decays_by_zeta_power(layout):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(method="linear"), "valid RoPE scalings: dynamic-ntk, llama3, none, ntk, pi, yarn"),
+    (dict(method="linear"), "valid RoPE scalings: dynamic-ntk, llama3, longrope, none, ntk, pi, yarn"),
     (dict(dim=15), "even"),
     (dict(factor=0.5), ">= 1"),
     (dict(factor=float("nan")), ">= 1"),

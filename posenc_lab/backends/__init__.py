@@ -41,6 +41,8 @@ with ``b h i j`` masks: CoPE's bias from the queries and keys, and a decay, ``de
 ``log f_t`` (``b h n``) that a decay-gated layer's :meth:`~posenc_lab.encodings.Encoding.decay` computes from its
 input (FoX), whose sums ``sum_{l=j+1}^{i} log f_l`` are added to the logits (causal attention only; a
 :class:`KVCache` keeps each cached token's running sum). An encoding with a ``decay`` hook refuses a call without.
+A padding mask, ``real_keys`` (``b n_keys``, True for a real token), differs from row to row too and goes the same
+way: a padded key gets weight zero on every backend.
 
 The package holds :func:`attention` and its checks; the backends in :mod:`~posenc_lab.backends.kernels`, the
 masks and the bias in the forms they consume in :mod:`~posenc_lab.backends.masks`, the key/value caches in
@@ -70,7 +72,8 @@ _NOPE = NoPE()
 
 def _check_inputs(q, k, v, positions) -> torch.Tensor:
     """The positions, checked against ``q, k, v``: ``(n,)`` (default ``0 .. n-1``), or ``(b, n)`` reduced to ``(n,)``
-    when every row is the same. ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention)."""
+    when every row is the same, as ``(1, n)`` always is (Hugging Face's ``position_ids`` for a whole batch). ``k`` and
+    ``v`` may have fewer heads than ``q`` (grouped-query attention)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise PosencError(f"q, k, v must be 4-d (batch, heads, positions, head_dim); got {q.dim()}-d, {k.dim()}-d, {v.dim()}-d")
     grouped = k.shape[1] >= 1 and q.shape[1] % k.shape[1] == 0
@@ -82,11 +85,14 @@ def _check_inputs(q, k, v, positions) -> torch.Tensor:
     b, n = q.shape[0], q.shape[-2]
     if positions is None:
         return torch.arange(n, device=q.device)
-    if not isinstance(positions, torch.Tensor) or positions.shape not in ((n,), (b, n)):
+    if not isinstance(positions, torch.Tensor) or positions.shape not in ((n,), (b, n), (1, n)):
         shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-        raise PosencError(f"positions must have shape ({n},) or ({b}, {n}), got {shape}")
+        raise PosencError(f"positions must have shape ({n},) or ({b}, {n}) (or (1, {n}): one row for the whole "
+                          f"batch), got {shape}")
     check_positions(positions)
     positions = positions.to(q.device)
+    if positions.shape == (1, n):
+        return positions[0]
     if positions.dim() == 2 and not torch.compiler.is_compiling() and bool((positions == positions[:1]).all()):
         return positions[0]
     return positions
@@ -106,6 +112,7 @@ def attention(
     tables: Tables | None = None,
     decay: torch.Tensor | None = None,
     chunk: int | None = None,
+    real_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
 
@@ -121,14 +128,23 @@ def attention(
     chunk of ``C`` positions, as an encoding's own ``window`` and ``chunk`` do
     (:func:`~posenc_lab.backends.chunks.layer_span`). ``decay``: the tokens' log forget values ``b h n`` (FoX's):
     logit ``(i, j)`` gets ``sum_{l=j+1}^{i} log f_l``.
+
+    ``real_keys``: a padding mask, ``(b, n_keys)`` bool, True where the key is a real token and False where it is
+    padding (Hugging Face's ``attention_mask`` as bool; the opposite of ``torch.nn.MultiheadAttention``'s
+    ``key_padding_mask``). ``n_keys`` counts every key attended: with a :class:`KVCache`, the cached ones and the new
+    ones. Padded keys get weight zero in every backend (a per-row mask: the backends of
+    :mod:`~posenc_lab.backends.tokens`); a query that sees no real key (a padded query before a row's first real
+    token) gets zeros. A :class:`SinkCache` refuses it (it drops and renumbers tokens).
     """
     encoding = _NOPE if encoding is None else encoding
     reach, chunk = _check_options(backend, reach, encoding, chunk)
     _check_heads(encoding, q)
-    if decay is not None or encoding.reads_tokens:  # FoX's decays, CoPE's gates: logits that read the tokens
-        if chunk is not None:
+    if decay is not None or encoding.reads_tokens or real_keys is not None:
+        # FoX's decays, CoPE's gates: logits that read the tokens; a padding mask: a mask that differs row by row
+        if chunk is not None and (decay is not None or encoding.reads_tokens):
             raise PosencError(f"encoding {encoding.name!r} reads the tokens: attention within chunks is not available to it")
-        return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay)
+        return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay, chunk,
+                              real_keys)
     if isinstance(cache, SinkCache):
         return _attend_sink_cache(q, k, v, encoding, backend, causal, positions, cache, reach, chunk)
     if tables is not None and not tables.serves(encoding, positions):
@@ -226,8 +242,8 @@ def _attend_sink_cache(q, k, v, encoding, backend, causal, positions, cache: Sin
         raise PosencError("a sink cache serves causal attention only")
     if not encoding.cacheable:
         raise PosencError("this encoding changes the rotation or positions of keys already seen (dynamic NTK's "
-                          "'sequence' form, a PI / NTK / YaRN factor that follows the length, randomized "
-                          "positions): a sink cache cannot serve it")
+                          "'sequence' form, a PI / NTK / YaRN factor that follows the length, LongRoPE's choice of "
+                          "factors by the length, randomized positions): a sink cache cannot serve it")
     _check_cache(cache, k, v)
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
@@ -245,6 +261,16 @@ def _sink_step(q, k, v, encoding, cache: SinkCache, reach=None, chunk=None) -> t
     return q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, q_pos, k_pos
 
 
+def _check_cacheable(encoding: Encoding) -> None:
+    """A :class:`KVCache` keeps each key as rotated when it entered: refuse an encoding whose rotation of those keys
+    would change with the length."""
+    if not encoding.cacheable:
+        raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
+                          "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, LongRoPE's "
+                          "choice of factors by the length, or randomized positions), which a key/value cache cannot "
+                          "serve: fix the factor (factor=...), use dynamic='cache', or run without a cache")
+
+
 def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache, reach, tables, chunk=None):
     """:func:`attention` with a :class:`KVCache`: the new keys rotated once, as they enter the cache."""
     if positions is None:
@@ -255,11 +281,7 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
                           "(n,), or rows that are all the same")
     if backend == "auto":  # one query row against a growing cache: a small mask; no kernel to recompile per length
         backend = "sdpa"
-    if not encoding.cacheable:
-        raise PosencError("this encoding's rotation of the keys already cached changes with the length (dynamic "
-                          "NTK in its 'sequence' form, a PI / NTK / YaRN factor that follows the length, or "
-                          "randomized positions), which a key/value cache cannot serve: fix the factor "
-                          "(factor=...), use dynamic='cache', or run without a cache")
+    _check_cacheable(encoding)
     if not causal and not encoding.noncausal:
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form: use causal=True")
     _check_flex(backend, q.device)
@@ -271,9 +293,30 @@ def _attend_cache(q, k, v, encoding, backend, causal, positions, cache: KVCache,
                                  causal, reach, tables, chunk=chunk)
 
 
-def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay):
-    """:func:`attention` when the logits read the tokens (:mod:`~posenc_lab.backends.tokens`): the decay's running
-    sums (continuing a :class:`KVCache`'s), then the backend with ``b h i j`` masks."""
+def _check_real_keys(real_keys, q, k, cache) -> torch.Tensor | None:
+    """The padding mask, checked: bool, ``(b, n_keys)`` with ``n_keys`` the keys attended (a :class:`KVCache`'s
+    cached keys and the new ones), on ``q``'s device."""
+    if real_keys is None:
+        return None
+    if isinstance(cache, SinkCache):
+        raise PosencError("a sink cache drops tokens and renumbers the rest: it cannot follow a padding mask "
+                          "(real_keys); decode a padded batch with a KVCache")
+    keys = k.shape[-2] + (len(cache) if cache is not None else 0)
+    expected = (q.shape[0], keys)
+    if not isinstance(real_keys, torch.Tensor) or real_keys.dtype != torch.bool or tuple(real_keys.shape) != expected:
+        got = (f"{real_keys.dtype} {tuple(real_keys.shape)}" if isinstance(real_keys, torch.Tensor)
+               else type(real_keys).__name__)
+        raise PosencError(f"real_keys must be a bool tensor of shape {expected} (batch, keys attended: cached and new), "
+                          f"True for a real token; got {got} (Hugging Face's attention_mask: pass attention_mask.bool())")
+    return real_keys.to(q.device)
+
+
+def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay, chunk=None,
+                   real_keys=None):
+    """:func:`attention` when the logits read the tokens (:mod:`~posenc_lab.backends.tokens`) or differ from row to
+    row (a padding mask, ``real_keys``): the decay's running sums (continuing a :class:`KVCache`'s), then the backend
+    with ``b h i j`` masks."""
+    keep = _check_real_keys(real_keys, q, k, cache)
     if decay is None and encoding.has_decay:
         raise PosencError(f"encoding {encoding.name!r} reads the layer's input: pass decay=encoding.decay(x), the log "
                           "forget values (b, h, n) of the input x (b, n, d_model)")
@@ -293,25 +336,27 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
                           f"{(q.shape[0], q.shape[1], q.shape[2])}; got {tuple(decay.shape)}")
     backend = "sdpa" if backend == "auto" else backend
     _check_flex(backend, q.device)
-    if positions.dim() == 2 and (cache is not None or encoding.has_bias or reach is not None):
+    if positions.dim() == 2 and (cache is not None or encoding.has_bias or reach is not None or chunk is not None):
         if cache is not None:
             raise PosencError("a KVCache keeps one row of positions for the whole batch: pass positions of shape "
                               "(n,), or rows that are all the same")
         return torch.cat([_attend_tokens(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend, causal, positions[i],
-                                         None, reach, None, None if decay is None else decay[i:i + 1])
+                                         None, reach, None, None if decay is None else decay[i:i + 1], chunk,
+                                         None if keep is None else keep[i:i + 1])
                           for i in range(q.shape[0])])
     heads = q.shape[1]
     if cache is None:
-        q, k = _rotate(encoding, q, k, positions, tables, reach)
+        q, k = _rotate(encoding, q, k, positions, tables, reach, chunk)
         sums = None if decay is None else forget_sums(decay)
         return TOKEN_BACKENDS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions,
-                                      causal, reach, sums, sums)
+                                      causal, reach, sums, sums, chunk=chunk, keep=keep)
+    _check_cacheable(encoding)
     _check_cache(cache, k, v, " (model.new_cache())")
-    q = _rotate_query(encoding, q, positions, tables, reach)
+    q = _rotate_query(encoding, q, positions, tables, reach, chunk)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     c_q, c_k = (None, None) if decay is None else cache.continue_sums(decay)
     return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
-                                  causal, reach, c_q, c_k)
+                                  causal, reach, c_q, c_k, chunk=chunk, keep=keep)
 
 
 def _attend_tokens_sink(q, k, v, encoding, backend, positions, cache: SinkCache, reach, decay):

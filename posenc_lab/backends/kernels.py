@@ -184,31 +184,36 @@ _flex_failed: set[str] = set()
 
 
 def _reach_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach: int | None,
-                      chunk: int | None = None):
-    """FlexAttention's block mask of the keys within ``reach`` positions (every key when None) and in the query's
-    own chunk of ``chunk`` positions (when given), and not after the query, when causal."""
+                      chunk: int | None = None, keep: torch.Tensor | None = None):
+    """FlexAttention's block mask of the keys within ``reach`` positions (every key when None), in the query's
+    own chunk of ``chunk`` positions (when given), real in their batch row (``keep``, ``b j``, when given: one mask
+    per row), and not after the query, when causal."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     nq, nk = q_pos.shape[-1], k_pos.shape[-1]
     offset = nk - nq
 
     def within(b, h, q_idx, kv_idx):
-        i, j = q_pos[q_idx], k_pos[kv_idx]
-        keep = q_idx + offset >= kv_idx if causal else kv_idx >= 0  # non-causal: every key
+        seen = q_idx + offset >= kv_idx if causal else kv_idx >= 0  # non-causal: every key
+        if reach is not None or chunk is not None:  # (positions b n come here with a padding mask alone)
+            i, j = q_pos[q_idx], k_pos[kv_idx]
         if reach is not None:
-            keep = keep & ((i - j < reach) if causal else ((i - j).abs() < reach))
+            seen = seen & ((i - j < reach) if causal else ((i - j).abs() < reach))
         if chunk is not None:
-            keep = keep & (i // chunk == j // chunk)
-        return keep
+            seen = seen & (i // chunk == j // chunk)
+        if keep is not None:
+            seen = seen & keep[b, kv_idx]
+        return seen
 
-    return create_block_mask(within, None, None, nq, nk, device=str(q_pos.device))
+    rows = None if keep is None else keep.shape[0]
+    return create_block_mask(within, rows, None, nq, nk, device=str(q_pos.device))
 
 
-def flex_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach=None, chunk=None):
-    """FlexAttention's block mask of the keys each query sees: within ``reach`` and its ``chunk`` where given, else
-    the causal one (None: every key)."""
-    if reach is not None or chunk is not None:
-        return _reach_block_mask(q_pos, k_pos, causal, reach, chunk)
+def flex_block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, reach=None, chunk=None, keep=None):
+    """FlexAttention's block mask of the keys each query sees: within ``reach`` and its ``chunk`` and real (``keep``)
+    where given, else the causal one (None: every key)."""
+    if reach is not None or chunk is not None or keep is not None:
+        return _reach_block_mask(q_pos, k_pos, causal, reach, chunk, keep)
     return _causal_block_mask(q_pos.shape[-1], k_pos.shape[-1], str(q_pos.device)) if causal else None
 
 

@@ -7,8 +7,11 @@ For query row ``i`` and key row ``j`` of head ``h``, the logit is
 
 with ``b`` the encoding's position bias (if it has one), ``c`` the running sums of the log forget values handed to
 :func:`~posenc_lab.backends.attention` (``decay``; :func:`~posenc_lab.encodings.forgetting.decay_bias`) and ``t``
-the encoding's :meth:`~posenc_lab.encodings.Encoding.token_bias`; the keys a query does not see (after it, or out of
-``reach``) are ``-inf``. These terms differ from one batch row to the next, so every mask is ``b h i j``. Backends:
+the encoding's :meth:`~posenc_lab.encodings.Encoding.token_bias`; the keys a query does not see (after it, out of
+``reach``, in another ``chunk``, or padding: ``keep``, :func:`~posenc_lab.backends.attention`'s ``real_keys``) are
+``-inf``. These terms differ from one batch row to the next, so every mask is ``b h i j``; a padding mask alone comes
+here for the same reason. A query that sees no key at all (a padded query before the first real token) gets zeros,
+not the NaN of a softmax over nothing. Backends:
 
 * ``reference``: the logits above written out in float64 (the sums, the bias and the gates too).
 * ``sdpa``: blocks of ``BLOCK`` queries, each with the keys it can see and its ``b h i j`` mask built as it is used
@@ -25,30 +28,43 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from einops import einsum
+from einops import einsum, rearrange
 
 from ..encodings import Encoding
 from ..encodings.forgetting import decay_bias
 from . import kernels, masks
-from .masks import _query_blocks, future_mask, out_of_reach
+from .masks import _query_blocks, future_mask, other_chunk, out_of_reach
 
 
-def _hidden(q_pos, k_pos, nq: int, nk: int, causal: bool, reach, offset: int, device) -> torch.Tensor:
-    """``True`` (``i j``) where query row ``i`` does not see key row ``j``: after it (when causal), or ``reach`` or more
-    positions away."""
+def _hidden(q_pos, k_pos, nq: int, nk: int, causal: bool, reach, offset: int, device, chunk=None,
+            keep=None) -> torch.Tensor:
+    """``True`` (``i j``) where query row ``i`` does not see key row ``j``: after it (when causal), ``reach`` or more
+    positions away, or in another chunk of ``chunk`` positions; with ``keep`` (``b j``, False for padding),
+    ``b 1 i j``, the padded keys hidden too."""
     hidden = future_mask(nq, nk, device, offset) if causal else torch.zeros(nq, nk, dtype=torch.bool, device=device)
-    return hidden if reach is None else hidden | out_of_reach(q_pos, k_pos, reach, causal)
+    if reach is not None:
+        hidden = hidden | out_of_reach(q_pos, k_pos, reach, causal)
+    if chunk is not None:
+        hidden = hidden | other_chunk(q_pos, k_pos, chunk)
+    return hidden if keep is None else hidden | rearrange(~keep, "b j -> b 1 1 j")
+
+
+def _seeing(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask`` with the rows of queries that see no key set to 0 (a finite softmax), and those rows (``... i 1``,
+    True where the query sees nothing), whose outputs are then set to 0."""
+    blind = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    return mask.masked_fill(blind, 0.0), blind
 
 
 def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool, reach=None,
-               offset: int | None = None) -> torch.Tensor:
+               offset: int | None = None, chunk=None, keep=None) -> torch.Tensor:
     """The additive mask ``b h i j`` (``q``'s dtype) of queries ``q`` (``b h i d``) against keys ``k`` (``b h j d``):
     the encoding's position bias, the decay ``c_i - c_j`` (``c_q``: ``b h i``, ``c_k``: ``b h j``; None without), the
     encoding's token bias, and ``-inf`` on the keys each query does not see (``offset``: query row ``r`` sits at key
-    row ``r + offset``, default ``n_k - n_q``)."""
+    row ``r + offset``, default ``n_k - n_q``; ``chunk`` and the padding mask ``keep``, ``b j``: :func:`_hidden`)."""
     nq, nk = q.shape[-2], k.shape[-2]
     offset = nk - nq if offset is None else offset
-    hidden = _hidden(q_pos, k_pos, nq, nk, causal, reach, offset, q.device)
+    hidden = _hidden(q_pos, k_pos, nq, nk, causal, reach, offset, q.device, chunk, keep)
     mask = q.new_zeros(1, 1, nq, nk)
     if encoding.has_bias:
         mask = mask + encoding.bias(q_pos, k_pos).to(q.dtype)  # h i j
@@ -60,13 +76,15 @@ def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool
     return mask.masked_fill(hidden, float("-inf"))
 
 
-def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
+def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
     """``softmax(q k^T / sqrt(d) + mask) v`` (:func:`token_mask`) with every term in float64."""
     q64, k64 = q.double(), k.double()
     c_q, c_k = (None, None) if c_q is None else (c_q.double(), c_k.double())
     scores = einsum(q64, k64, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
-    scores = scores + token_mask(encoding, q64, k64, c_q, c_k, q_pos, k_pos, causal=causal, reach=reach)
-    return einsum(scores.softmax(dim=-1), v.double(), "b h i j, b h j d -> b h i d").to(v.dtype)
+    mask, blind = _seeing(token_mask(encoding, q64, k64, c_q, c_k, q_pos, k_pos, causal=causal, reach=reach,
+                                     chunk=chunk, keep=keep))
+    out = einsum((scores + mask).softmax(dim=-1), v.double(), "b h i j, b h j d -> b h i d")
+    return out.masked_fill(blind, 0.0).to(v.dtype)
 
 
 def _explicit(encoding, q, k, v, c_q) -> bool:
@@ -76,7 +94,7 @@ def _explicit(encoding, q, k, v, c_q) -> bool:
         encoding.needs_grad() or any(t.requires_grad for t in inputs))
 
 
-def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
+def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
     """SDPA with the :func:`token_mask` of each block of queries, each block with the keys it can see."""
     nq, nk = q.shape[-2], k.shape[-2]
     explicit = _explicit(encoding, q, k, v, c_q)
@@ -84,21 +102,24 @@ def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None
     for start, stop, keys in _query_blocks(nq, nk, causal, kernels.GRAD_BLOCK if explicit else kernels.BLOCK):
         rows, cols = slice(start, stop), slice(0, keys)
         qb, kb, vb = q[:, :, rows], k[:, :, cols], v[:, :, cols]
-        mask = token_mask(encoding, qb, kb, None if c_q is None else c_q[..., rows],
-                          None if c_k is None else c_k[..., cols], q_pos[..., rows], k_pos[..., cols],
-                          causal=causal, reach=reach, offset=nk - nq + start)
+        mask, blind = _seeing(token_mask(encoding, qb, kb, None if c_q is None else c_q[..., rows],
+                                         None if c_k is None else c_k[..., cols], q_pos[..., rows], k_pos[..., cols],
+                                         causal=causal, reach=reach, offset=nk - nq + start, chunk=chunk,
+                                         keep=None if keep is None else keep[:, cols]))
         if explicit:
-            outputs.append(kernels._softmax_attention(qb, kb, vb, mask))
+            out = kernels._softmax_attention(qb, kb, vb, mask)
         else:
-            outputs.append(F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask))
+            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+        outputs.append(out.masked_fill(blind, 0.0) if keep is not None else out)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k):
+def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk=None, keep=None):
     """The logits' extra terms as a FlexAttention ``score_mod``: the encoding's position bias (its own
     :func:`~posenc_lab.backends.masks.score_mod`), the decay read from the captured sums, the token bias gathered."""
     base = masks.score_mod(encoding, q_pos, k_pos) if encoding.has_bias else None
-    hidden = _hidden(q_pos, k_pos, q.shape[-2], k.shape[-2], causal, reach, k.shape[-2] - q.shape[-2], q.device)
+    hidden = _hidden(q_pos, k_pos, q.shape[-2], k.shape[-2], causal, reach, k.shape[-2] - q.shape[-2], q.device,
+                     chunk, keep)
     extra = encoding.token_bias(q, k, hidden)  # b h i j, or None
 
     def tokens(score, b, h, q_idx, kv_idx):
@@ -113,11 +134,12 @@ def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k):
     return tokens
 
 
-def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None):
-    """FlexAttention with :func:`token_score_mod` and the causal (or within-reach) block mask; on CUDA, compiled, with
-    :func:`sdpa` as the fallback when no kernel compiles."""
-    block_mask = kernels.flex_block_mask(q_pos, k_pos, causal, reach)
-    mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k)
+def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
+    """FlexAttention with :func:`token_score_mod` and the causal (or within-reach, within-chunk, padded) block mask; on
+    CUDA, compiled, with :func:`sdpa` as the fallback when no kernel compiles. FlexAttention gives a query that sees no
+    key zeros."""
+    block_mask = kernels.flex_block_mask(q_pos, k_pos, causal, reach, chunk, keep)
+    mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk, keep)
     fn = kernels._flex_fn(q.device.type)
     if q.device.type != "cuda":
         with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
@@ -126,7 +148,7 @@ def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None
     return kernels.first_kernel_that_compiles(
         f"{encoding.name}+tokens@{q.device}",
         lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
-        lambda: sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, c_q, c_k),
+        lambda: sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, c_q, c_k, chunk=chunk, keep=keep),
     )
 
 

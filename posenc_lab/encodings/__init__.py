@@ -24,6 +24,8 @@ builds one from the model's shape. The classes live by hook in the modules ``bas
 ``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
 ``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), and the local/global layer mixes
 of 2025's models in ``mixes`` (whose local layers carry their own ``window`` or ``chunk``); all are documented here.
+:func:`rope_from_hf` (module ``huggingface``) builds the RoPE of a Hugging Face config's RoPE dict, by its
+``rope_type``.
 """
 
 from __future__ import annotations
@@ -38,17 +40,18 @@ from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
 from .forgetting import FoX, FoXLayer
+from .huggingface import HF_ROPE_TYPES, rope_from_hf
 from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE", "FoX", "FoXLayer",
-    "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE", "RNoPESWA",
-    "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax", "SSMaxRoPE",
-    "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding", "position_span",
-    "strategies_of",
+    "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE",
+    "FoX", "FoXLayer", "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE",
+    "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax",
+    "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding",
+    "position_span", "rope_from_hf", "strategies_of",
 ]
 
 

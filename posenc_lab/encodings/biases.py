@@ -52,14 +52,17 @@ class ALiBi(_BiasEncoding):
     """ALiBi (Press et al. 2022): ``b[h, i, j] = -m_h |i - j|`` with fixed slopes :func:`bias.alibi_slopes`.
 
     The paper defines the causal case; for non-causal attention the same ``-m_h |i - j|`` is used
-    for keys on both sides of the query.
+    for keys on both sides of the query. ``alibi_heads=k`` puts ALiBi on the first ``k`` heads only, with the
+    slopes of ``k`` heads, and slope 0 (no position) on the others (:func:`bias.partial_alibi_slopes`).
     """
 
     name = "alibi"
 
-    def __init__(self, num_heads: int):
+    def __init__(self, num_heads: int, *, alibi_heads: int | None = None):
         super().__init__()
-        self.register_buffer("slopes", bias.alibi_slopes(num_heads).to(torch.float32), persistent=False)
+        slopes = bias.alibi_slopes(num_heads) if alibi_heads is None else bias.partial_alibi_slopes(num_heads, alibi_heads)
+        self.register_buffer("slopes", slopes.to(torch.float32), persistent=False)
+        self.alibi_heads = num_heads if alibi_heads is None else alibi_heads
 
     @property
     def num_heads(self) -> int:

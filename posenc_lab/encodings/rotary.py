@@ -74,6 +74,17 @@ class RoPE(Encoding):
         self.forget_masks()
         return self
 
+    def frequencies(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """The frequencies (``rotary_dim / 2``, float64) and attention factor a sequence of ``seq_len`` positions
+        (``0 .. seq_len - 1``; default the training length) is rotated with: those of its last position under
+        dynamic NTK's ``"cache"`` form, the slow pairs of p-RoPE set to 0 (Hugging Face's ``inv_freq`` and
+        ``attention_factor`` at that length, for the types :func:`~posenc_lab.encodings.rope_from_hf` builds)."""
+        n = self.train_len if seq_len is None else seq_len
+        reads = self.reads_span or self.scaling == "dynamic-ntk"
+        freqs, factor = rope.scaled_inv_freq(self.scaling, self.rotary_dim, base=self.base, train_len=self.train_len,
+                                             seq_len=n if reads else None, factor=self.factor, **self.scaling_options)
+        return freqs * (torch.arange(freqs.shape[-1]) < self.kept_pairs), factor
+
     def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
         """The spread ``cos, sin`` tables of ``positions`` (:meth:`spread_tables`) in float32 or better, for every
         layer of a forward pass."""
@@ -87,12 +98,13 @@ class RoPE(Encoding):
         if self.reads_span and torch.compiler.is_compiling():
             # the factor is read from max(positions) + 1, a value a graph cannot hold: a graph break, not n in its place
             return _outside_the_graph(self._cos_sin, positions, dtype)
-        if positions.dim() == 2 and self.scaling != "none" and (self.factor is None or self.scaling == "dynamic-ntk"):
+        if positions.dim() == 2 and self.reads_span:
             # the frequencies follow each row's own length: one table per row, as a loop over the rows would build
             rows = [self._cos_sin(row, dtype) for row in positions]
             return torch.stack([c for c, _ in rows]), torch.stack([s for _, s in rows])
         if self.scaling == "dynamic-ntk" and self.dynamic == "cache":
-            angles = rope.dynamic_ntk_angles(positions, self.rotary_dim, base=self.base, train_len=self.train_len)
+            angles = rope.dynamic_ntk_angles(positions, self.rotary_dim, base=self.base, train_len=self.train_len,
+                                             **self.scaling_options)
             factor = 1.0
         else:
             seq_len = max(position_span(positions), 1) if self.reads_span else None
@@ -127,8 +139,9 @@ class RoPE(Encoding):
     @property
     def reads_span(self) -> bool:
         """Whether the rotation reads the length ``max(positions) + 1`` (:func:`position_span`): a factor that follows
-        the length, or dynamic NTK in its ``"sequence"`` form."""
-        return self.factor_follows_length or (self.scaling == "dynamic-ntk" and self.dynamic == "sequence")
+        the length, dynamic NTK in its ``"sequence"`` form, or LongRoPE (its factors are chosen by the length)."""
+        return (self.factor_follows_length or self.scaling == "longrope"
+                or (self.scaling == "dynamic-ntk" and self.dynamic == "sequence"))
 
     @property
     def factor_follows_length(self) -> bool:
@@ -139,10 +152,11 @@ class RoPE(Encoding):
     @property
     def cacheable(self) -> bool:
         """A cache cannot serve a rotation that changes with the length for keys already cached: dynamic NTK's
-        ``"sequence"`` form, or a factor that follows the length (``factor_follows_length``)."""
+        ``"sequence"`` form, a factor that follows the length (``factor_follows_length``), or LongRoPE's choice
+        of factors."""
         if self.scaling == "dynamic-ntk":
             return self.dynamic == "cache"
-        return not self.factor_follows_length
+        return not self.reads_span
 
     def extra_repr(self):
         parts = f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
