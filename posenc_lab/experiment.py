@@ -89,7 +89,13 @@ def run_unit(spec: Spec, encoding: str, seed: int, train_stream, text: EvalText,
     return {"encoding": encoding, "seed": seed, "rows": rows, "per_position": curves,
             "documents": [{**ident, **d} for d in documents], "checkpoints": [{**ident, **c} for c in checkpoints],
             "train_losses": [round(x, 4) for x in trained["losses"]], "encoding_state": encoding_state(model),
-            "resumed_seconds": trained["resumed_seconds"]}
+            "resumed_seconds": trained["resumed_seconds"], "peak_gib": peak_gib(device)}
+
+
+def peak_gib(device) -> float | None:
+    """The most GPU memory this process has held (GiB) on ``device``; None on the CPU."""
+    device = torch.device(device)
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
 
 
 def _finetune(model, spec: Spec, strategy: str, seed: int, train_stream, text: EvalText, out: Path, device, progress,

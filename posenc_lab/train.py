@@ -8,6 +8,9 @@
 * Checkpoints are written to a temporary file and renamed, so a kill leaves the previous one whole.
 * A NaN or infinite loss stops the run with :class:`TrainingDiverged` before anything is saved:
   the last good checkpoint stays.
+* On CUDA the losses stay on the device and are read every :func:`default_sync_every` steps (and before
+  every checkpoint): a read makes the host wait for the GPU, so reading every step would leave the GPU
+  idle between steps. AdamW runs fused where the parameters are on CUDA.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def default_compile(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def default_sync_every(device: torch.device) -> int:
+    """Steps between reads of the training loss: every step on the CPU (a read costs nothing there), every 25
+    on CUDA (each read waits for the GPU's queue to empty)."""
+    return 25 if device.type == "cuda" else 1
+
+
 def autocast_dtype(device: torch.device) -> torch.dtype | None:
     """bf16 on CUDA where supported, fp16 on other CUDA GPUs, None (fp32) on the CPU."""
     if device.type != "cuda":
@@ -124,10 +133,12 @@ def decay_groups(model: torch.nn.Module) -> tuple[list, list]:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on the Transformer's matrices only (see :func:`decay_groups`)."""
+    """AdamW with weight decay on the Transformer's matrices only (see :func:`decay_groups`); fused (one kernel for
+    every parameter) when the parameters are on CUDA."""
     decay, rest = decay_groups(model)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    fused = all(p.is_cuda for p in decay + rest)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
 
 
 def replace_atomically(path: Path, write) -> None:
@@ -169,7 +180,8 @@ def train(model, stream: torch.Tensor | None, cfg: TrainConfig, *, length: int |
           checkpoint: Path | None = None, device: torch.device | str = "cpu", progress: bool = True,
           desc: str = "train", compile: bool = False,
           batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None,
-          on_step: Callable[[int], None] | None = None, extra_state: list | None = None) -> dict:
+          on_step: Callable[[int], None] | None = None, extra_state: list | None = None,
+          sync_every: int | None = None) -> dict:
     """Train ``model`` on windows of ``length`` (default: its training length) drawn from ``stream``.
 
     With ``checkpoint`` set, resumes from it when it exists and saves to it every
@@ -178,7 +190,10 @@ def train(model, stream: torch.Tensor | None, cfg: TrainConfig, *, length: int |
     synthetic task; targets ``IGNORE`` carry no loss); it must be a pure function of ``step``, as
     :func:`data.batch_at` is, for a resumed run to equal an uninterrupted one. ``on_step(step)`` is
     called before the first step of a fresh run and after every step (a probe of the model);
-    ``extra_state``, a list it may fill, is saved in the checkpoint and restored on resume.
+    ``extra_state``, a list it may fill, is saved in the checkpoint and restored on resume. The losses are read
+    from the device every ``sync_every`` steps (default :func:`default_sync_every`; every step when ``on_step`` is
+    given), before every checkpoint and at the end; a non-finite loss stops the run at that read, before the next
+    checkpoint is written.
     Returns the loss history and throughput; ``resumed_seconds`` is the training time that a checkpoint it
     resumed from carried (0 for a fresh run), so that a unit's wall time can count what earlier processes spent.
     """
@@ -207,21 +222,37 @@ def train(model, stream: torch.Tensor | None, cfg: TrainConfig, *, length: int |
         batches = _windows(stream, cfg, length)
     if on_step is not None and state["step"] == 0:
         on_step(0)
+    every = 1 if on_step is not None else (sync_every or default_sync_every(device))
+    pending: list[torch.Tensor] = []  # this window's losses, still on the device
+
+    def read(step: int) -> None:
+        """Read the window's losses (one wait for the device), stop if one is not finite, and count its time."""
+        values = torch.stack(pending).float().tolist()
+        first = step + 1 - len(values)
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                where = (f"; the last good checkpoint {checkpoint} is kept"
+                         if checkpoint is not None and checkpoint.exists() else "")
+                raise TrainingDiverged(f"training loss became {value} at step {first + i} ({desc}){where}. "
+                                       "Try a lower learning rate (--lr) or more warm-up.")
+        dt = time.perf_counter() - clock[0]
+        state["step"], state["seconds"] = step + 1, state["seconds"] + dt
+        state["losses"].extend(values)
+        pending.clear()
+        bar.set_postfix(loss=f"{values[-1]:.3f}", tok_s=f"{tokens_per_step * len(values) / dt:,.0f}", refresh=False)
+
+    clock = [time.perf_counter()]  # when the current window of steps began (probes and saves are not counted)
     with flush_denormals():
         for step in bar:
-            t0 = time.perf_counter()
-            value = _step(model, opt, scaler, loss_fn, batches, step, cfg, device, length, desc=desc,
-                          checkpoint=checkpoint)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            state["step"], state["seconds"] = step + 1, state["seconds"] + dt
-            state["losses"].append(value)
-            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_step / dt:,.0f}", refresh=False)
-            if on_step is not None:
-                on_step(step + 1)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                save()
+            pending.append(_step(model, opt, scaler, loss_fn, batches, step, cfg, device, length))
+            ends = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps
+            if len(pending) >= every or ends:
+                read(step)
+                if on_step is not None:
+                    on_step(step + 1)
+                if ends:
+                    save()
+                clock[0] = time.perf_counter()
     bar.close()
     model.eval()
     return _summary(state, cfg, tokens_per_step, resumed_seconds)
@@ -259,21 +290,17 @@ def _windows(stream: torch.Tensor | None, cfg: TrainConfig, length: int) -> Call
     return batches
 
 
-def _step(model, opt, scaler, loss_fn, batches, step: int, cfg: TrainConfig, device: torch.device, length: int, *,
-          desc: str, checkpoint: Path | None) -> float:
-    """One optimizer step at the learning rate of ``step``; returns its loss (the mean over processes), after
-    stopping with :class:`TrainingDiverged` if it is not finite."""
+def _step(model, opt, scaler, loss_fn, batches, step: int, cfg: TrainConfig, device: torch.device,
+          length: int) -> torch.Tensor:
+    """One optimizer step at the learning rate of ``step``; returns its loss (the mean over processes) as a tensor
+    on the device, unread (the caller reads a window of them at once)."""
     for group in opt.param_groups:
         group["lr"] = lr_at(step, cfg)
-    x, y = (t.to(device) for t in distributed.shard_rows(*batches(step)))
+    x, y = (_to_device(t, device) for t in distributed.shard_rows(*batches(step)))
     with clear_oom(f"training at batch size {cfg.batch_size} and length {length}"):
         with autocast(device):
             loss = loss_fn(x, y)
-        value = distributed.mean_over_processes(loss.detach()).item()
-        if not math.isfinite(value):
-            where = f"; the last good checkpoint {checkpoint} is kept" if checkpoint is not None and checkpoint.exists() else ""
-            raise TrainingDiverged(f"training loss became {value} at step {step} ({desc}){where}. "
-                                   "Try a lower learning rate (--lr) or more warm-up.")
+        value = distributed.mean_over_processes(loss.detach())
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -281,6 +308,14 @@ def _step(model, opt, scaler, loss_fn, batches, step: int, cfg: TrainConfig, dev
         scaler.update()
         opt.zero_grad(set_to_none=True)
     return value
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; to CUDA through pinned memory without waiting (a copy from pageable memory may make the
+    host wait for the GPU)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _summary(state: dict, cfg: TrainConfig, tokens_per_step: int, resumed_seconds: float) -> dict:

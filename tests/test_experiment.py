@@ -348,7 +348,7 @@ def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_
         assert "no data" not in text and "n/a" not in text
     table = report.budget_verdicts(checkpoints)
     assert len(table.columns) == 16 and list(table.columns) == sorted(table.columns)
-    assert "1: a (worse at training length)" in table.index
+    assert "1: a (slightly worse at training length)" in table.index
 
 
 @pytest.mark.slow
@@ -528,3 +528,38 @@ def test_an_odd_head_dimension_is_refused_only_by_encodings_that_rotate_pairs():
     assert experiment.preset("ci", encodings=("ssmax", "nope-temp"), d_model=36, n_head=4).model.d_model == 36
     with pytest.raises(PosencError, match="must be even"):
         experiment.preset("ci", encodings=("ssmax-rope",), d_model=36, n_head=4)
+
+
+@pytest.mark.slow
+def test_losses_read_in_windows_equal_losses_read_every_step(tmp_path):
+    """Reading the loss every 4 steps (as on CUDA) trains the same model and records the same losses; a checkpoint
+    forces a read, so a run resumed from it is unchanged."""
+    stream = (torch.arange(4000) % 89).to(torch.uint8)
+    runs = {}
+    for every in (1, 4):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
+        runs[every] = train(model, stream, TrainConfig(steps=10, checkpoint_every=3, batch_size=2, warmup=2),
+                            checkpoint=tmp_path / f"every{every}.pt", progress=False, sync_every=every)
+        assert torch.load(tmp_path / f"every{every}.pt", weights_only=False)["state"]["step"] == 10
+    assert runs[1]["losses"] == runs[4]["losses"] and len(runs[4]["losses"]) == 10
+
+
+@pytest.mark.slow
+def test_nan_loss_found_at_a_windowed_read_names_its_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
+    real_loss, calls = model.loss, []
+
+    def poisoned(x, y):
+        calls.append(1)
+        loss = real_loss(x, y)
+        return loss * float("nan") if len(calls) == 7 else loss
+
+    monkeypatch.setattr(model, "loss", poisoned)
+    stream = (torch.arange(5000) % 97).to(torch.uint8)
+    ckpt = tmp_path / "ckpt.pt"
+    with pytest.raises(TrainingDiverged, match=r"loss became nan at step 6 .*ckpt.pt is kept"):
+        train(model, stream, TrainConfig(steps=12, checkpoint_every=4, batch_size=2), checkpoint=ckpt,
+              progress=False, sync_every=3)
+    assert torch.load(ckpt, weights_only=False)["state"]["step"] == 4
