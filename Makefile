@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
+.PHONY: corpus-prose corpus-stdlib311 results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -172,6 +172,14 @@ results-long-b4-cpu: env
 # English prose for the same recipes, offline: two public-domain Debian packages (Jane Austen's novels in
 # r-cran-janeaustenr, the World English Bible in sword-text-web), unpacked into .corpus/prose without installing R
 PROSE := .corpus/prose
+# the Python corpus for a machine whose Python is not 3.11.7 (a lent GPU): 3.11.7's standard library sources as a
+# tarball, made from this machine's Python (scripts/device_article_shape.sh and device_seeds.sh unpack it)
+corpus-stdlib311: env
+	$(PY) -c "import sys; sys.exit(0 if sys.version.split()[0] == '3.11.7' else 'needs Python 3.11.7, not ' + sys.version.split()[0])"
+	mkdir -p .corpus/stdlib311
+	tar czf .corpus/stdlib311/lib.tar.gz --exclude=site-packages --exclude=__pycache__ --exclude='*.so' \
+	  -C "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")" .
+
 corpus-prose: $(PROSE)/engWEB2015eb/ot.bzz
 $(PROSE)/engWEB2015eb/ot.bzz:
 	rm -rf .corpus/debs && mkdir -p .corpus/debs $(PROSE)/janeaustenr $(PROSE)/engWEB2015eb

@@ -61,6 +61,22 @@ def peak_memory(fn, device: torch.device) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - before) / 2**30
 
 
+def matmul_tflops(device: torch.device, seconds: float = 3.0) -> float:
+    """The machine's measured limit: the rate of square matrix products on ``device`` (TFLOP/s), bf16 on CUDA
+    (8192 x 8192), float32 on the CPU (512 x 512), over about ``seconds``."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    a @ b
+    sync(device)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            a @ b
+        sync(device)
+        done += 10
+    return 2 * n**3 * done / (time.perf_counter() - t0) / 1e12
+
+
 def environment(device: torch.device) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return {"device": f"{device.type}: {name}", "torch": torch.__version__, "threads": torch.get_num_threads()}

@@ -3,8 +3,9 @@
     python benchmarks/train_throughput.py --smoke                  # CPU, a small model (CI runs this)
     python benchmarks/train_throughput.py --json out/train.json    # CUDA: the paper model, bf16, compiled
 
-Reports tokens/s, model FLOPs utilisation (6 N + 6 L n d FLOPs per token against --peak-tflops)
-and the ratio to NoPE's tokens/s.
+Reports tokens/s, model FLOPs utilisation (6 N + 6 L n d FLOPs per token against the machine's limit: the
+matrix-multiply rate measured in the same run, bf16 on CUDA and float32 on the CPU, or --peak-tflops) and the
+ratio to NoPE's tokens/s.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import environment, median_time, peak_memory, print_table, write_json  # noqa: E402
+from benchmarks.common import environment, matmul_tflops, median_time, peak_memory, print_table, write_json  # noqa: E402
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
@@ -79,7 +80,7 @@ def main(argv=None):
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA)")
     p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's peak for MFU (default: 989 on CUDA, the H100/H200 dense bf16 figure; none on CPU)")
+                   help="the device's peak for MFU (default: its matrix-multiply rate, measured in this run)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best median counts")
@@ -92,15 +93,18 @@ def main(argv=None):
         args.warmup, args.reps = 2, 3
     if args.compile is None:
         args.compile = device.type == "cuda"
-    if args.peak_tflops is None and device.type == "cuda":
-        args.peak_tflops = 989.0
+    measured = matmul_tflops(device, seconds=1.0 if args.smoke else 3.0)
+    if args.peak_tflops is None:
+        args.peak_tflops = measured
     rows = measure_all(args, device)
     nope = next((r["tokens_per_s"] for r in rows if r["encoding"] == "nope"), None)
     for r in rows:
         r["vs_nope"] = r["tokens_per_s"] / nope if nope else None
-    result = {"environment": environment(device), "args": vars(args), "rows": rows,
+    result = {"environment": environment(device), "matmul_tflops": measured, "args": vars(args), "rows": rows,
               "command": list(sys.argv[1:] if argv is None else argv)}
     print(result["environment"])
+    print(f"the machine's limit: {measured:.2f} TFLOP/s of matrix products (measured); MFU against "
+          f"{args.peak_tflops:.2f} TFLOP/s")
     print_table(rows, ["encoding", "ms_per_step", "tokens_per_s", "mfu", "peak_gib", "vs_nope"])
     write_json(args.json, result)
     return result

@@ -26,6 +26,7 @@ from .extras import require
 
 require("lab", "posenc_lab.evaluate")
 
+import contextlib
 import math
 import time
 
@@ -83,7 +84,7 @@ def _cannot_extrapolate(reason: str, t0: float) -> dict:
 def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str = "nonoverlapping",
              stride: int | None = None, lead_in: int = 0, documents: torch.Tensor | None = None, batch_size: int = 8,
              device: torch.device | str = "cpu", progress: bool = False, desc: str = "eval", reach: int | None = None,
-             per_target: bool = False) -> dict:
+             per_target: bool = False, full_precision: bool = False) -> dict:
     """Mean loss (nats), perplexity and bits per byte over targets ``lead_in + 1 .. lead_in + tokens`` of ``stream``.
 
     ``documents`` (optional, one integer per byte of ``stream``) names the document each byte belongs
@@ -94,7 +95,8 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
     A learned table asked past its end gives ``status="cannot extrapolate"`` instead of raising.
     ``reach``: attention limited to the last ``reach`` keys in every layer. ``per_target``: the result
     also holds ``per_target``, the loss of every target ``lead_in + 1 + i`` (float64, ``tokens`` of
-    them; NaN where a target is not scored).
+    them; NaN where a target is not scored). ``full_precision``: float32 throughout, without the autocast
+    that training uses on CUDA (the reference for a check of the bf16 evaluation; the same on the CPU).
     """
     device = torch.device(device)
     if len(stream) < lead_in + tokens + 1:
@@ -116,7 +118,7 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
     try:
         scored = _score_windows(model, stream, plan, length=length, lead_in=lead_in, documents=documents,
                                 n_docs=n_docs, batch_size=batch_size, device=device, progress=progress, desc=desc,
-                                reach=reach, per_target=per_target)
+                                reach=reach, per_target=per_target, full_precision=full_precision)
     except PositionOutOfRange as err:
         return _cannot_extrapolate(str(err), t0)
     return _summarise(scored, length=length, tokens=tokens, expected=expected, n_docs=n_docs,
@@ -124,7 +126,7 @@ def evaluate(model, stream: torch.Tensor, *, length: int, tokens: int, mode: str
 
 
 def _score_windows(model, stream, plan, *, length, lead_in, documents, n_docs, batch_size, device, progress, desc,
-                   reach, per_target) -> list:
+                   reach, per_target, full_precision=False) -> list:
     """The losses of every window of ``plan``, as ``(window index, (summed loss of its scored targets, their
     number, per-position losses, per-document sums, offset of its first scored target, per-target losses))``."""
     batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
@@ -135,7 +137,8 @@ def _score_windows(model, stream, plan, *, length, lead_in, documents, n_docs, b
         for b, batch in tqdm(distributed.my_share(batches), desc=desc, leave=False,
                              disable=not progress or not distributed.is_main()):
             windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
-            with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), autocast(device):
+            precision = contextlib.nullcontext() if full_precision else autocast(device)
+            with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), precision:
                 losses = (model.token_losses(windows[:, :-1], windows[:, 1:]) if reach is None else
                           model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach)).double().cpu()  # b n
             for w, (row, (start, first)) in enumerate(zip(losses, batch)):

@@ -8,6 +8,7 @@ from .extras import require
 require("lab", "posenc_lab.findings")
 
 import math
+import re
 
 import pandas as pd
 
@@ -234,6 +235,96 @@ def findings_markdown(rows, *, judged_len: int = 2048) -> str:
 
 def _verb(verdict: str) -> str:
     return {"holds": "holds", "fails": "does not hold"}.get(verdict, "is " + verdict_in_words(verdict).lower())
+
+
+# ------------------------------------------------------------------------------------------ the answer in plain words
+
+
+def _change(factor: float) -> str:
+    """A growth factor as a reader says it: ``falls 1.4 %``, ``rises 7 %``, ``grows 8.9-fold``."""
+    if factor < 1:
+        return f"falls {_pct(1 - factor)}"
+    return f"rises {_pct(factor - 1)}" if factor < 2 else f"grows {_times(factor)}-fold"
+
+
+def _against(ratio: float) -> str:
+    """A ratio of two perplexities as a reader says it: ``9.4 % below``, ``39 % above``, ``3.1 times``."""
+    if ratio < 1:
+        return f"{_pct(1 - ratio)} below"
+    return f"{_pct(ratio - 1)} above" if ratio < 2 else f"{_times(ratio)} times"
+
+
+def _times(x: float) -> str:
+    """A multiple in two significant digits, never in exponent notation: ``3.1``, ``21``, ``150``."""
+    return f"{x:.2g}" if x < 10 else f"{x:,.0f}" if x >= 100 else f"{x:.0f}"
+
+
+def size_in_words(test: Test, cmp: Comparison, train: int, df: pd.DataFrame, mode: str) -> str:
+    """The size of the comparison a verdict rests on, in plain words, every number computed from ``cmp`` (and, for a
+    growth, from the seeds' growth factors in ``df``): a level is a percentage above or below the other perplexity
+    (``ALiBi's perplexity at 512 is 9.4 % below RoPE's``), or a multiple past 2; a growth is how the perplexity
+    changes from the training length (``T5's perplexity rises 6.6 % from 512 to 2,048``); a margin the claim's
+    words set is said beside it."""
+    a = test.a
+    if not isinstance(test.b, Quantity):  # a growth against a line
+        b = float(test.b)
+        said = f"{_of(a.label)} perplexity {_change(cmp.ratio * b)} from {train} to {a.length:,}"
+        if test.reading == "equivalent":
+            return f"{said}; flat means within {_pct(math.exp(test.margin) - 1)}"
+        return f"{said}; a rise of more than {_pct(b - 1)} counts as breaking"
+    if a.kind == "level":
+        said = f"{_of(a.label)} perplexity at {a.length:,} is {_against(cmp.ratio)} {_of(test.b.label)}"
+        if test.reading == "slightly":
+            said += f"; slightly worse means 1 % to {_pct(math.exp(test.margin) - 1)} above"
+        return said
+    ga, gb = (growth_factor(df, mode, q.label, q.length)[0] for q in (a, test.b))
+    said = (f"{_of(a.label)} perplexity {_change(ga)} from {train} to {a.length:,}, "
+            f"{_of(test.b.label)} {_change(gb)}")
+    if test.reading == "clearly" and cmp.ratio > 1:  # worse, but is it clearly worse?
+        said += (f"; {_of(a.label)} growth is {_against(cmp.ratio)} {_of(test.b.label)}, and clearly worse means at "
+                 f"least {_pct(math.exp(test.margin) - 1)} above")
+    return said
+
+
+def _source(statement: str) -> tuple[str, str]:
+    """A claim as :data:`STATEMENTS` says it, split into its words and its source: ``("ALiBi stays flat", "the ALiBi
+    paper")``."""
+    found = re.fullmatch(r"(?P<claim>.*?)\s*\((?P<source>[^()]*)\)\.?", statement)
+    return (found["claim"], found["source"]) if found else (statement.rstrip("."), "")
+
+
+def answer_table(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.DataFrame:
+    """The first screen's answer: one row per claim part, in plain words, from :func:`findings`' verdicts and the
+    comparison each rests on (:func:`deciding`, primary mode). Columns: ``claim`` (as its source states it),
+    ``source``, ``answer`` (:func:`verdict_in_words`: Holds, Does not hold, Mode-dependent, Equal within 1 %, Not
+    resolved and why) and ``size`` (:func:`size_in_words`; for a mode-dependent part, in the primary mode, named).
+    No number in it is typed by hand."""
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
+    out = []
+    for part, p in part_verdicts(df, judged_len=judged_len, alpha=alpha).items():
+        claim, source = _source(STATEMENTS.get(part, part))
+        t, cmp = deciding(p["pairs"][p["mode"]])
+        if t is None:
+            out.append({"claim": claim, "source": source, "answer": "No data", "size": "This run cannot judge it"})
+            continue
+        size = size_in_words(t, cmp, train, df, p["mode"])
+        if p["verdict"] == "mode-dependent":
+            size += f" (in {MODE_WORDS[p['mode']]})"
+        out.append({"claim": claim, "source": source, "answer": verdict_in_words(p["verdict"]),
+                    "size": size[0].upper() + size[1:]})
+    return pd.DataFrame(out, columns=["claim", "source", "answer", "size"])
+
+
+def answer_markdown(rows, *, judged_len: int = 2048) -> str:
+    """:func:`answer_table` as a Markdown table: the claim and its source, our answer, its size in words (the
+    README's, the landing page's and chapter 10's first screen)."""
+    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+    lines = ["| claim | our answer | its size |", "|---|---|---|"]
+    for r in answer_table(rows, judged_len=judged_len).itertuples():
+        claim = f"{r.claim} ({r.source})" if r.source else r.claim
+        lines.append(f"| {cell(claim)} | **{cell(r.answer)}** | {cell(r.size)} |")
+    return "\n".join(lines)
 
 
 def mean_loss_at_train_len(rows, labels, *, mode: str = "nonoverlapping") -> float:

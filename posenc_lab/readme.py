@@ -4,8 +4,9 @@ from the committed results: no number in them is typed by hand.
     python -m posenc_lab.readme           # rewrite the generated blocks and results/<run>/README.md
     python -m posenc_lab.readme --check   # exit 1 when a generated text differs from the committed one
 
-A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``findings`` (the claims in words,
-:func:`~posenc_lab.findings.findings_markdown` of the headline run), ``prose`` (the verdicts that differ on English
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``answer`` (the first screen's
+table in plain words, :func:`~posenc_lab.findings.answer_markdown` of the headline run), ``findings`` (each claim with
+its ratio, interval, p and modes, :func:`~posenc_lab.findings.findings_markdown`), ``prose`` (the verdicts that differ on English
 prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the methods of 2024-26
 against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that
 README.md, book/intro.md and every run's README equal what this module writes (``tests/test_readme.py``,
@@ -102,6 +103,12 @@ def run_block() -> str:
     return (f"The headline run is `{HEADLINE}`: a {model.n_layer}-layer, {model.d_model}-wide byte model "
             f"trained at {model.train_len} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
             f"{seeds}. Of the two recipes with the same bytes, it takes more optimiser steps. {other}")
+
+
+@lru_cache(maxsize=None)
+def answer_block() -> str:
+    """The first screen's answer: exactly :func:`~posenc_lab.findings.answer_markdown` of the headline run."""
+    return findings.answer_markdown(rows_of(HEADLINE))
 
 
 @lru_cache(maxsize=None)
@@ -306,7 +313,7 @@ def recent_digits_line() -> str:
 @lru_cache(maxsize=None)
 def blocks(base: str = "") -> dict[str, str]:
     """Every generated block by name; ``base`` goes before the links to committed results."""
-    return {"run": run_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
+    return {"run": run_block(), "answer": answer_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
             "recent": recent_block()}
 
 
@@ -381,10 +388,14 @@ def run_readme(run: str) -> str:
              f"Corpus: {corpus.get('source', corpus.get('corpus', 'unknown'))}.", ""]
     if run in (HEADLINE, OTHER_RECIPE):
         parts += [run_block(), ""]
-    parts += ["## The claims in words", "", findings.findings_markdown(rows), "",
+    parts += ["## The answer", "", findings.answer_markdown(rows), "",
+              "## The claims in words", "",
+              "Each line gives the comparison its verdict rests on, with its 95 % interval and p: a ratio of "
+              "perplexities, growth factors with the difference of their logs, or a growth factor against its line.",
+              "", findings.findings_markdown(rows), "",
               "## Perplexity per byte and the verdicts", "",
-              "Mean ± standard deviation over the seeds; lower is better. The claims are judged at 2,048, the "
-              "article's 4x.", "", report.headline(rows), "",
+              "Mean ± standard deviation over the seeds; lower is better. The claims are set at 2,048, the article's "
+              "4x: claim 1a is judged at 512 itself, and the ALiBi paper's ordering at 1,024 and 2,048.", "", report.headline(rows), "",
               *_beside_verdicts(run),
               "## The decision rule", "", report.RULE, "", "The declared analysis (book/analysis.md) says it at "
               "length.", "",

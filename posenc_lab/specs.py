@@ -202,6 +202,17 @@ PRESETS: dict[str, Spec] = {
                                             stride=512, eval_batch_size=4),
                   notes="the article's model (12 layers, 8 heads, d_model 512, trained at 512) on a GPU"),
 }
+# the article's own shape in one call of a lent GPU (scripts/device_article_shape.sh): 12 layers, 8 heads, width 512,
+# trained at 512 on a fixed byte budget (the same on any card), judged on the headline's evaluation text
+PRESETS["article-shape"] = Spec(
+    preset="article-shape", encodings=LONG_RUN_ENCODINGS, seeds=(0, 1, 2),
+    model=ModelSpec(n_layer=12, n_head=8, d_model=512, train_len=512),
+    training=TrainingSpec(steps=560, batch_size=32, lr=6e-4, warmup=56, checkpoint_every=140),
+    evaluation=replace(ARTICLE_EVALUATION, curve_points=0),
+    notes="the article's model shape (12 layers, 8 heads, d_model 512, trained at 512) on 9.2 M training bytes per "
+          "unit (batch 32 x 560 steps, 0.8 of the headline's bytes), the article's encodings x 3 seeds, evaluated "
+          "as article-cpu (to 16x, both modes, every RoPE strategy) on the same text; sized for one 540-second call "
+          "of an H100 at 30 % MFU (scripts/device_article_shape.sh), far too slow for a CPU")
 # the same model, tokens and evaluation in twice as many steps of half the batch: the recipe's own effect on the
 # verdicts (warm-up and checkpoints stretched alike, so the checkpoint evaluations fall on the same tokens)
 PRESETS["article-long-b4"] = PRESETS["article-long"].override(

@@ -26,11 +26,35 @@ def cells(path):
     return [(c.cell_type, c.source.strip()) for c in nb.cells]
 
 
-def test_there_are_thirteen_chapters_and_all_are_in_the_toc():
-    assert len(NOTEBOOKS) == 13
+#: the ten-minute tour: a notebook page like the chapters (paired, executed, run alone), but no chapter of its own
+TOUR = "00_tour"
+
+
+def test_there_are_thirteen_chapters_and_a_tour_and_all_are_in_the_toc():
+    assert len(NOTEBOOKS) == 14 and TOUR in CHAPTERS
     toc = (ROOT / "_toc.yml").read_text()
     for stem in CHAPTERS:
         assert f"notebooks/{stem}" in toc
+    files = re.findall(r"file: (\S+)", toc)
+    assert files[0] == f"notebooks/{TOUR}", "the tour is the book's second page, after the landing page"
+
+
+def test_the_tour_is_short_with_at_most_five_figures_each_section_linking_its_chapter():
+    """The tour: at most 1,500 words of prose, at most five figures (one of them explorable), and every section
+    links to the chapter that works it out."""
+    sys.path.insert(0, str(ROOT / "book"))
+    import readability
+
+    text = (ROOT / "notebooks" / f"{TOUR}.md").read_text()
+    words = sum(readability.words(block) for block in readability.prose_blocks(text))
+    assert words <= 1500, f"the tour has {words} words of prose"
+    figures = text.count("plt.show()") + text.count("explore.show(")
+    assert figures <= 5 and text.count("explore.show(") >= 1, f"{figures} figures"
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert len(sections) >= 5
+    for section in sections:
+        assert re.search(r"\{doc\}`[^`]*<0[1-9]_|\{doc\}`[^`]*<1[0-3]_", section), \
+            f"the tour's section {section.splitlines()[0]!r} links no chapter"
 
 
 @pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
@@ -444,6 +468,8 @@ def test_code_lines_fit_the_page(md):
 
 @pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
 def test_every_chapter_ends_with_exercises_and_executed_solutions(md):
+    if md.stem == TOUR:
+        return  # a tour, not a chapter
     text = md.read_text()
     exercises = re.findall(r"```\{exercise\}\n:label: (\S+)", text)
     assert 2 <= len(exercises) <= 4, f"{md.name}: {len(exercises)} exercises"

@@ -321,3 +321,66 @@ def test_verdict_figure_draws_each_claims_interval_and_marks_its_verdict():
     assert len(margins) == (effects["reading"] == "equivalent").sum() * 2 + effects["reading"].isin(
         ["slightly", "clearly"]).sum()
     plt.close(ax.figure)
+
+
+def _mean_log_ratio(rows, a, b, mode="nonoverlapping", length_a=128, length_b=128):
+    """exp of the mean over seeds of log(ppl_a / ppl_b), straight from made-up rows (no package code)."""
+    cell = lambda label, length: {r["seed"]: r["perplexity"] for r in rows  # noqa: E731
+                                  if r["eval_mode"] == mode and r["eval_len"] == length
+                                  and "/".join(x for x in (r["encoding"], r["strategy"]) if x != "-") == label}
+    pa, pb = cell(a, length_a), cell(b, length_b)
+    return math.exp(np.mean([math.log(pa[s] / pb[s]) for s in pa]))
+
+
+def test_answer_table_says_each_verdict_and_its_size_in_plain_words():
+    """The first screen's table on made-up rows: one row per claim part, the verdict in words, and a size computed
+    from the rows (a percentage below or above, a growth that rises, falls or grows n-fold), never a p or an
+    interval."""
+    world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0))  # ALiBi better at 128, then grows 3.2-fold by 512
+    rows = rows_from(world)
+    table = findings.answer_table(rows, judged_len=512)
+    assert list(table.columns) == ["claim", "source", "answer", "size"]
+    assert len(table) == len(findings.findings(rows, judged_len=512))
+    by = dict(zip(table["claim"], zip(table["answer"], table["size"])))
+    answer, size = by["ALiBi is slightly worse than RoPE at the training length"]
+    below = 1 - _mean_log_ratio(rows, "alibi", "rope/none")
+    assert answer == "Does not hold"
+    assert size.startswith(f"ALiBi's perplexity at 128 is {findings._pct(below)} below RoPE's")
+    assert "slightly worse means 1 % to 10 % above" in size
+    answer, size = by["ALiBi stays flat"]
+    grown = _mean_log_ratio(rows, "alibi", "alibi", length_a=512, length_b=128)
+    assert answer == "Does not hold" and grown > 3
+    assert f"ALiBi's perplexity grows {findings._times(grown)}-fold from 128 to 512" in size
+    assert set(table["source"]) == {"the article", "our question", "the ALiBi paper"}
+    for text in table["size"]:
+        assert "p =" not in text and "[" not in text and "nats" not in text, text
+
+
+def test_answer_table_names_the_lengths_and_margins_the_words_set():
+    rows = rows_from(ARTICLE_WORLD)
+    table = findings.answer_table(rows, judged_len=512).set_index("claim")
+    assert (table.loc[["ALiBi is slightly worse than RoPE at the training length", "ALiBi stays flat",
+                       "T5 holds to about twice the training length, and no further"], "answer"] == "Holds").all()
+    assert "from 128 to 256" in table.loc["The sinusoids break first, then RoPE", "size"]  # judged at 2x, not 4x
+    assert "flat means within 5 %" in table.loc["ALiBi stays flat", "size"]
+    assert "a rise of more than 10 % counts as breaking" in table.loc[
+        "T5 holds to about twice the training length, and no further", "size"]
+    t5 = table.loc["T5's bias extrapolates clearly worse than ALiBi", "size"]
+    ratio = _mean_log_ratio(rows, "t5", "t5", length_a=512) / _mean_log_ratio(rows, "alibi", "alibi", length_a=512)
+    assert f"T5's growth is {findings._times(ratio)} times ALiBi's" in t5 and "at least 10 % above" in t5
+    equal = findings.answer_table(rows_from(dict(ARTICLE_WORLD, t5=(6.5, 6.4, 6.45))), judged_len=512)
+    assert "Equal within 1 %" in set(equal["answer"])
+    alone = findings.answer_table(rows_from(ARTICLE_WORLD, seeds=(0,)), judged_len=512)
+    assert set(alone["answer"]) <= {"Not resolved: too few seeds", "Not resolved: the difference is under 1 %",
+                                    "No data"}
+
+
+def test_answer_markdown_is_one_row_a_claim_and_says_a_mode_dependent_size_in_its_mode():
+    worse = dict(ARTICLE_WORLD, alibi=(6.3, 6.2, 6.25))
+    rows = _two_modes(ARTICLE_WORLD, worse)
+    text = findings.answer_markdown(rows, judged_len=512)
+    lines = text.splitlines()
+    assert lines[:2] == ["| claim | our answer | its size |", "|---|---|---|"]
+    assert len(lines) == 2 + len(findings.answer_table(rows, judged_len=512))
+    row = next(line for line in lines if line.startswith("| ALiBi is slightly worse"))
+    assert "(the article) | **Mode-dependent** |" in row and row.endswith("(in sliding windows) |")

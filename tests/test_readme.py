@@ -70,26 +70,48 @@ def test_readme_relative_links_resolve():
             assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
 
 
-def test_figure_and_findings_come_before_the_chapters():
+def test_first_screen_is_the_answer_then_the_verdict_figure():
+    """The answer in plain words first, the verdict figure under it, then the perplexity figure; the long lines with
+    ratios, intervals and p-values come after both figures (the landing page) or only in the run's README."""
     for page, chapters in ((README, "## The book"), (INTRO, "## The chapters")):
         text = page.read_text(encoding="utf-8")
-        assert text.index("ppl_vs_length.png") < text.index("<!-- findings:start -->") < text.index(chapters)
+        answer = text.index("<!-- answer:start -->")
+        assert answer < text.index("verdicts.png") < text.index("ppl_vs_length.png") < text.index(chapters)
+        assert "figure" not in text[:answer].lower() and "![" not in text[:answer]  # no figure before the answer
+        if "<!-- findings:start -->" in text:
+            assert text.index("ppl_vs_length.png") < text.index("<!-- findings:start -->") < text.index(chapters)
+    assert "<!-- findings:start -->" not in README.read_text(encoding="utf-8")
+    run = (ROOT / "results" / readme.HEADLINE / "README.md").read_text(encoding="utf-8")
+    assert findings.findings_markdown(readme.rows_of(readme.HEADLINE)) in run  # the long lines live there
 
 
 @pytest.mark.parametrize("doc", list(readme.DOCUMENTS))
 def test_generated_blocks_are_the_generators_output(doc):
     """No hand-typed number: each generated block is what ``python -m posenc_lab.readme`` writes today."""
     held = readme.generated_blocks((ROOT / doc).read_text(encoding="utf-8"))
-    assert {"run", "findings", "prose", "far"} <= set(held), f"{doc} lacks a generated block"
+    assert {"run", "answer", "prose", "far"} <= set(held), f"{doc} lacks a generated block"
     want = readme.blocks(readme.DOCUMENTS[doc])
     for name, body in held.items():
         assert body == want[name], f"{doc}: block {name!r} differs from the results: run python -m posenc_lab.readme"
 
 
-def test_findings_block_is_exactly_findings_markdown_of_the_headline_run():
-    held = readme.generated_blocks(README.read_text(encoding="utf-8"))["findings"]
-    assert held == findings.findings_markdown(readme.rows_of(readme.HEADLINE))
-    assert held.count("\n- ") == 9  # the ten claim parts, one line each
+def test_answer_block_is_exactly_answer_markdown_of_the_headline_run():
+    for page in (README, INTRO):
+        held = readme.generated_blocks(page.read_text(encoding="utf-8"))["answer"]
+        assert held == findings.answer_markdown(readme.rows_of(readme.HEADLINE))
+        assert len(held.splitlines()) == 12  # a header, a rule and the ten claim parts, one row each
+    detail = readme.generated_blocks(INTRO.read_text(encoding="utf-8"))["findings"]
+    assert detail == findings.findings_markdown(readme.rows_of(readme.HEADLINE))
+
+
+def test_readme_says_where_each_claim_is_judged_without_a_single_length():
+    """Not every claim is judged at 2,048 (claim 1a at 512, the ALiBi paper's ordering at 1,024 too), and not every
+    line is a ratio of perplexities: the pages must not say otherwise."""
+    for page in (README, INTRO):
+        text = page.read_text(encoding="utf-8")
+        assert "Each claim is judged at 2,048" not in text and "Every claim is judged at 2,048" not in text
+        assert "a ratio of perplexities, or growth factors" not in text
+    assert "at 1,024" in INTRO.read_text(encoding="utf-8") and "512 itself" in INTRO.read_text(encoding="utf-8")
 
 
 def test_headline_run_is_chosen_by_its_recipe_and_the_other_recipe_is_named():

@@ -61,7 +61,7 @@ def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool
     """The additive mask ``b h i j`` (``q``'s dtype) of queries ``q`` (``b h i d``) against keys ``k`` (``b h j d``):
     the encoding's position bias, the decay ``c_i - c_j`` (``c_q``: ``b h i``, ``c_k``: ``b h j``; None without), the
     encoding's token bias, and ``-inf`` on the keys each query does not see (``offset``: query row ``r`` sits at key
-    row ``r + offset``, default ``n_k - n_q``; ``chunk`` and the padding mask ``keep``, ``b j``: :func:`_hidden`)."""
+    row ``r + offset``, default ``n_k - n_q``; ``chunk`` and the padding mask ``keep``, ``b j``: ``_hidden``)."""
     nq, nk = q.shape[-2], k.shape[-2]
     offset = nk - nq if offset is None else offset
     hidden = _hidden(q_pos, k_pos, nq, nk, causal, reach, offset, q.device, chunk, keep)

@@ -61,7 +61,7 @@ def rope_from_hf(rope_parameters: dict | None, head_dim: int, *, max_position_em
     keys and perhaps ``partial_rotary_factor``) or ``config.rope_scaling`` (4.x: ``type`` or ``rope_type`` and the
     type's keys, with ``rope_theta`` and ``partial_rotary_factor`` passed here as the config holds them); None or
     ``{}`` is plain RoPE. ``rope_type`` is one of ``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``,
-    ``llama3`` (:data:`HF_ROPE_TYPES`; the module's table gives the mapping). As transformers does:
+    ``llama3`` (``HF_ROPE_TYPES`` maps them to the package's names). As transformers does:
 
     * a key of the dict wins over the same argument here (they must agree when both are given), ``rope_theta``
       defaults to 10,000 and the rotary dimension is ``int(head_dim * partial_rotary_factor)``;

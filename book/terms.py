@@ -1,0 +1,258 @@
+"""The glossary's terms and where each page first uses them: a term is used when its words appear in prose, and a page
+introduces it by linking the glossary (``{term}`...```) at that first use.
+
+    python book/terms.py                       # every checked page, in the book's order: first uses not linked
+    python book/terms.py notebooks/08_experiment.md
+
+The terms come from the glossary page itself (``book/glossary.md``): each entry of its ``{glossary}`` directives is one
+or more term lines and an indented definition; any of an entry's terms links the entry. A definition's sentence that
+starts with "Not" names, in italics, everyday uses of the same word that are not the term (``*unit circle*``).
+
+Prose is the Markdown outside code cells and fenced code, display and inline math, inline code, headings, HTML
+comments, front matter, images and directive option lines; tables and the text of notes, exercises and figure
+captions count. A term matches its words in any case, with spaces and hyphens alike, and a plural ending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+GLOSSARY = ROOT / "book" / "glossary.md"
+
+# fenced blocks whose content is not prose (as book/readability.py reads them)
+_NOT_PROSE = re.compile(r"^(`{3,}|~{3,}|:{3,})\s*(\{(code-cell|code|code-block|math|raw|list-table|csv-table|"
+                        r"literalinclude|bibliography|tableofcontents|mermaid|glossary)\}|[a-z0-9+-]*\s*$)")
+_FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})")
+_ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
+_BLANKED = [re.compile(p, re.S) for p in (r"!\[[^\]]*\]\([^)]*\)",  # images, alt text and all
+                                          r"(?<=\])\([^)\s]*\)",      # a link's target (its text stays prose)
+                                          r"`[^`]*`",                  # inline code
+                                          r"\$\$.*?\$\$|\$[^$]+\$",   # inline math
+                                          r"<[^>\n]+>")]               # inline HTML
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One glossary entry: its terms (the first is its name) and the phrases that use a term's word otherwise."""
+
+    terms: tuple[str, ...]
+    not_terms: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.terms[0]
+
+    def pattern(self) -> re.Pattern:
+        return re.compile("|".join(_term_regex(t) for t in sorted(self.terms, key=len, reverse=True)), re.I)
+
+
+def _term_regex(term: str) -> str:
+    words = [re.escape(w) for w in re.split(r"[\s\-–]+", term)]
+    last = words[-1]
+    if re.search(r"[^aeiou]y$", term):
+        last = last[:-1] + "(?:y|ies)"
+    elif term[-1].isalpha():
+        last += "(?:s|es)?"
+    return r"(?<![\w])" + r"[\s\-–]+".join(words[:-1] + [last]) + r"(?![\w])"
+
+
+def glossary(path: Path = GLOSSARY) -> list[Entry]:
+    """Every entry of the ``{glossary}`` directives of ``path``."""
+    entries, terms, body, inside = [], [], [], False
+
+    def close():
+        if terms:
+            nots = [phrase for sentence in re.split(r"(?<=\.)\s+", " ".join(body)) if sentence.startswith("Not ")
+                    for phrase in re.findall(r"\*([^*]+)\*", sentence)]
+            entries.append(Entry(tuple(terms), tuple(nots)))
+        terms.clear()
+        body.clear()
+
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```{glossary}"):
+            inside = True
+            continue
+        if inside and line.startswith("```"):
+            close()
+            inside = False
+            continue
+        if not inside or not line.strip() or line.startswith(":"):
+            continue
+        if line[0].isspace():
+            body.append(line.strip())
+        else:
+            if body:
+                close()
+            terms.append(line.strip())
+    return entries
+
+
+def toc_pages(root: Path = ROOT) -> list[Path]:
+    """The book's pages in the order of ``_toc.yml``."""
+    toc = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))
+    files = [toc["root"]]
+
+    def walk(items):
+        for item in items or []:
+            if "file" in item:
+                files.append(item["file"])
+            walk(item.get("sections"))
+            walk(item.get("chapters"))
+
+    walk(toc.get("parts"))
+    return [root / f"{f}.md" for f in files]
+
+
+def checked_pages(root: Path = ROOT) -> list[Path]:
+    """The pages whose first uses are checked, in the book's order: the landing page and every notebook page (the tour
+    and the chapters). The README is not a book page; the appendix and the package reference are left out."""
+    return [p for p in toc_pages(root) if p.parent.name == "notebooks" or p == root / "book" / "intro.md"]
+
+
+def paragraphs(text: str) -> list[tuple[int, str]]:
+    """The prose of a MyST page as ``(offset, paragraph)``: each paragraph's offset in ``text``; the paragraph keeps
+    its line breaks, so that an offset inside it maps back to the file."""
+    out, current, start = [], [], None
+    skip_fence, in_math, in_comment, front = None, False, False, text.startswith("---\n")
+    offset = 0
+    open_prose: list[str] = []  # the fences of the prose directives now open
+
+    def flush():
+        nonlocal current, start
+        if current:
+            out.append((start, "\n".join(current)))
+        current, start = [], None
+
+    lines = text.split("\n")
+    for i, raw in enumerate(lines):
+        here, offset = offset, offset + len(raw) + 1
+        line = raw.strip()
+        if front:
+            front = not (i > 0 and line == "---")
+            continue
+        if in_comment:
+            in_comment = "-->" not in line
+            continue
+        if skip_fence:
+            if line.startswith(skip_fence) and line.strip(skip_fence[0]) == "":
+                skip_fence = None
+            continue
+        if in_math:
+            in_math = not line.endswith("$$")
+            continue
+        if line.startswith("<!--"):
+            flush()
+            in_comment = "-->" not in line
+            continue
+        if line.startswith("$$"):
+            flush()
+            in_math = not (len(line) > 2 and line.endswith("$$"))
+            continue
+        fence = _FENCE.match(line)
+        if fence:
+            flush()
+            if open_prose and line == open_prose[-1]:  # the end of a prose directive (a note, an exercise)
+                open_prose.pop()
+            elif _NOT_PROSE.match(line):
+                skip_fence = fence.group(1)
+            else:
+                open_prose.append(fence.group(1))
+            continue
+        if (not line or line.startswith(("#", "<", "+++", "|---", "![")) or re.match(r"^:[\w-]+:", line)
+                or re.match(r"^\(\S+\)=$", line)):
+            flush()
+            continue
+        if re.match(r"^([*+-]|\d+[.)])\s", line):
+            flush()
+        if start is None:
+            start = here
+        current.append(raw)
+    flush()
+    return out
+
+
+@dataclass(frozen=True)
+class Use:
+    """A term's first use on a page that does not link the glossary."""
+
+    page: Path
+    entry: Entry
+    offset: int
+    text: str
+    line: int
+    in_link_text: bool
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}: {self.text!r} ({self.entry.name}) is not linked"
+
+
+def _events(paragraph: str, entries: list[Entry]) -> list[tuple[int, str, Entry, str, bool]]:
+    """``(position, "link" or "use", entry, matched text, inside a link's text)`` of one paragraph, in order."""
+    by_term = {t.lower(): e for e in entries for t in e.terms}
+    events = []
+    clean = list(paragraph)
+
+    def blank(a, b):
+        clean[a:b] = " " * (b - a)
+
+    for m in _ROLE.finditer(paragraph):
+        if m.group("role") == "term":
+            body = m.group("body")
+            target = re.search(r"<([^>]+)>\s*$", body)
+            name = (target.group(1) if target else body).strip().lower()
+            name = re.sub(r"\s+", " ", name)
+            if name in by_term:
+                events.append((m.start(), "link", by_term[name], body, False))
+        blank(m.start(), m.end())
+    links = [(m.start(), m.end()) for m in re.finditer(r"(?<!!)\[[^\]]*\](?=\()", "".join(clean))]
+    for rx in _BLANKED:
+        for m in rx.finditer("".join(clean)):
+            blank(m.start(), m.end())
+    text = "".join(clean)
+    for e in entries:
+        masked = text
+        for phrase in e.not_terms:
+            masked = re.sub(_term_regex(phrase), lambda m: " " * len(m.group(0)), masked, flags=re.I)
+        for m in e.pattern().finditer(masked):
+            inside = any(a < m.start() < b for a, b in links)
+            events.append((m.start(), "use", e, m.group(0), inside))
+    return sorted(events, key=lambda x: (x[0], x[1] == "use"))
+
+
+def first_uses(page: Path, entries: list[Entry] | None = None) -> list[Use]:
+    """Every entry whose first use on ``page`` comes before any link to it, at that first use."""
+    entries = glossary() if entries is None else entries
+    text = page.read_text(encoding="utf-8")
+    linked, reported, out = set(), set(), []
+    for offset, paragraph in paragraphs(text):
+        for pos, kind, entry, matched, inside in _events(paragraph, entries):
+            if kind == "link":
+                linked.add(entry.name)
+            elif entry.name not in linked and entry.name not in reported:
+                reported.add(entry.name)
+                at = offset + pos
+                out.append(Use(page, entry, at, matched, text.count("\n", 0, at) + 1, inside))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="pages (default: every checked page, in the book's order)")
+    args = parser.parse_args(argv)
+    entries = glossary()
+    found = [u for p in (args.paths or checked_pages()) for u in first_uses(p.resolve(), entries)]
+    for use in found:
+        print(use)
+    print(f"{len(entries)} entries; {len(found)} first uses not linked")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
