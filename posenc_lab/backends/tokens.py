@@ -70,7 +70,7 @@ def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool
         mask = mask + encoding.bias(q_pos, k_pos).to(q.dtype)  # h i j
     if c_q is not None:
         mask = mask + decay_bias(c_q, c_k).to(q.dtype)
-    extra = encoding.token_bias(q, k, hidden)
+    extra = encoding.token_bias(q, k, hidden, q_pos, k_pos)
     if extra is not None:
         mask = mask + extra.to(q.dtype)
     return mask.masked_fill(hidden, float("-inf"))
@@ -120,7 +120,7 @@ def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk
     base = masks.score_mod(encoding, q_pos, k_pos) if encoding.has_bias else None
     hidden = _hidden(q_pos, k_pos, q.shape[-2], k.shape[-2], causal, reach, k.shape[-2] - q.shape[-2], q.device,
                      chunk, keep)
-    extra = encoding.token_bias(q, k, hidden)  # b h i j, or None
+    extra = encoding.token_bias(q, k, hidden, q_pos, k_pos)  # b h i j, or None
 
     def tokens(score, b, h, q_idx, kv_idx):
         if base is not None:

@@ -22,7 +22,8 @@ as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a Flex
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
 builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
 ``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
-``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), and the local/global layer mixes
+``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), ``adaptive`` (DAPE: a network of
+the logits and a base bias, through ``token_bias``), and the local/global layer mixes
 of 2025's models in ``mixes`` (whose local layers carry their own ``window`` or ``chunk``); all are documented here.
 :func:`rope_from_hf` (module ``huggingface``) builds the RoPE of a Hugging Face config's RoPE dict, by its
 ``rope_type``.
@@ -34,6 +35,7 @@ import inspect
 
 from .. import bias
 from ..errors import PosencError, unknown_name
+from .adaptive import DAPE, DAPEALiBi, DAPEFire, DAPEKerple, DAPELayer
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
 from .contextual import CoPE, CoPELayer
@@ -47,7 +49,8 @@ from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBa
 from .scaled import SSMax, SSMaxRoPE
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE",
+    "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "DAPE", "DAPEALiBi",
+    "DAPEFire", "DAPEKerple", "DAPELayer", "Encoding", "Fire", "FoPE",
     "FoX", "FoXLayer", "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE",
     "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax",
     "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding",
@@ -60,7 +63,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
                               RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE, NoPETemperature, IRoPE,
-                              Gemma3Layers, RNoPESWA)
+                              Gemma3Layers, RNoPESWA, DAPEALiBi, DAPEKerple, DAPEFire)
 }
 
 

@@ -215,10 +215,12 @@ class Encoding(nn.Module):
         encoding but a decay-gated one: no decay."""
         return None
 
-    def token_bias(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+    def token_bias(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor, q_pos: torch.Tensor | None = None,
+                   k_pos: torch.Tensor | None = None) -> torch.Tensor | None:
         """A bias ``b h i j`` computed from the queries ``q`` (``b h i d``) and keys ``k`` (``b h j d``) themselves, or
         None; ``hidden`` (``i j``, True where query ``i`` does not see key ``j``) marks the keys it must leave out
-        (CoPE counts only the keys a query sees)."""
+        (CoPE counts only the keys a query sees); ``q_pos``, ``k_pos``: the positions of those queries and keys (DAPE
+        reads a position bias beside the logits)."""
         return None
 
     def extra_repr(self) -> str:

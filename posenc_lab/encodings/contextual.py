@@ -77,7 +77,7 @@ class CoPELayer(Encoding):
         super().__init__()
         self.table = nn.Parameter(torch.zeros(npos_max, head_dim))  # P d
 
-    def token_bias(self, q, k, hidden):
+    def token_bias(self, q, k, hidden, q_pos=None, k_pos=None):
         return cope_bias(q, k, self.table, hidden)
 
     def extra_repr(self) -> str:
