@@ -78,6 +78,24 @@ class KVCache:
         self.sums = new if self.sums is None else torch.cat([self.sums, new], dim=-1)
         return new, self.sums
 
+    #: PaTH's transforms ``(w, beta)`` of the cached tokens (``b h n d``, ``b h n``)
+    householder: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def continue_householder(self, w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PaTH's transforms of the new tokens, ``w`` (``b h n d``) and ``beta`` (``b h n``), appended to the cached
+        tokens' (after :meth:`append` has added their keys); returns every cached token's: a new query's logit to a
+        cached key reads the transforms of every token between them."""
+        held = 0 if self.householder is None else self.householder[1].shape[-1]
+        if held != len(self) - beta.shape[-1]:
+            raise PosencError(f"the cache holds {len(self) - beta.shape[-1]} earlier tokens but the transforms of "
+                              f"{held}: hand PaTH's transforms to every call, from the first token on, or use a new "
+                              "cache")
+        if self.householder is not None:
+            w = torch.cat([self.householder[0], w], dim=-2)
+            beta = torch.cat([self.householder[1], beta], dim=-1)
+        self.householder = (w, beta)
+        return self.householder
+
 
 class SinkCache:
     """A rolling key/value cache with attention sinks (Xiao et al. 2024, StreamingLLM): the first ``sinks``

@@ -14,7 +14,10 @@ hook          what it does                                            encodings
 Two encodings read the tokens themselves (``reads_tokens``), each through a hook of its own: ``decay`` (FoX's
 forget gates, read from the layer's input: ``sum_{l=j+1}^{i} log f_l`` added to each logit) and ``token_bias``
 (CoPE's bias, computed from the queries and keys); every layer of a model has its own parameters
-(:meth:`Encoding.for_layer`).
+(:meth:`Encoding.for_layer`). PaTH (module ``householder``) reads the layer's input too, through ``householder``:
+transforms accumulated between a key and its query, in place of ``q . k``. Stick-breaking attention (module
+``stickbreaking``) changes the weighting itself (``weighting``, ``weights``): no position signal, and a
+stick-breaking process over the keys in place of the softmax.
 
 The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
@@ -42,11 +45,13 @@ from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
 from .forgetting import FoX, FoXLayer
+from .householder import PaTH, PaTHLayer
 from .huggingface import HF_ROPE_TYPES, rope_from_hf
 from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
+from .stickbreaking import StickBreaking
 
 __all__ = [
     "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "DAPE", "DAPEALiBi",
@@ -54,7 +59,7 @@ __all__ = [
     "FoX", "FoXLayer", "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE",
     "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax",
     "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding",
-    "position_span", "rope_from_hf", "strategies_of",
+    "position_span", "rope_from_hf", "strategies_of", "PaTH", "PaTHLayer", "StickBreaking",
 ]
 
 
@@ -63,7 +68,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
                               RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE, NoPETemperature, IRoPE,
-                              Gemma3Layers, RNoPESWA, DAPEALiBi, DAPEKerple, DAPEFire)
+                              Gemma3Layers, RNoPESWA, StickBreaking, PaTH, DAPEALiBi, DAPEKerple, DAPEFire)
 }
 
 

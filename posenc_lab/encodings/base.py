@@ -223,6 +223,24 @@ class Encoding(nn.Module):
         reads a position bias beside the logits)."""
         return None
 
+    #: how the attention weights come from the logits: ``"softmax"`` for every encoding but stick-breaking, the one
+    #: form the fused kernels (SDPA's, FlexAttention's) compute; any other is the encoding's :meth:`weights`, which
+    #: the backends compute explicitly (``reference`` in float64, ``sdpa`` in blocks of queries; ``flex`` refuses it)
+    weighting = "softmax"
+
+    def weights(self, logits: torch.Tensor, offset: int | None = None) -> torch.Tensor:
+        """The attention weights ``... i j`` of the logits ``... i j`` (``-inf`` on the keys a query does not see;
+        query row ``r`` sits at key row ``r + offset``): the softmax over the keys, unless :attr:`weighting` names
+        another form (stick-breaking)."""
+        return logits.softmax(dim=-1)
+
+    def householder(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """PaTH's transforms ``H_t = I - beta_t w_t w_t^T``, read from the layer's input ``x`` (``b n d_model``): the
+        unit vectors ``w`` (``b h n d``) and ``beta`` (``b h n``, in ``(0, 2)``), or None (every other encoding).
+        :func:`~posenc_lab.backends.attention` (``householder=``) then scores query ``i`` and key ``j <= i`` with
+        ``q_i^T H_i H_{i-1} ... H_{j+1} k_j`` in place of ``q_i . k_j``."""
+        return None
+
     def extra_repr(self) -> str:
         return f"hook={self.hook}"
 
