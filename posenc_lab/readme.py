@@ -171,29 +171,57 @@ def _read(cell) -> str:
     return f"p = {cell['p BH']:.2g} after Benjamini-Hochberg{standing}"
 
 
+def _paired_ratio(by: dict, seeds, a: tuple, a_loss: str, b: tuple, b_loss: str) -> float:
+    """``exp(mean over seeds of (a's a_loss - b's b_loss))``: a ratio of far-byte perplexities, paired by seed."""
+    return math.exp(statistics.fmean(by[(*a, s)][a_loss] - by[(*b, s)][b_loss] for s in seeds))
+
+
+def _gain_in_words(cell, who: str) -> str:
+    """What a "uses the far context" verdict says about ``who``'s gain from the far bytes."""
+    if "under 1 %" in cell["verdict"]:
+        return f"{who} gains less than 1 % from the far bytes"
+    if cell["survives"] == "none":
+        return f"whether the far bytes help {who} is not resolved"
+    return f"the far bytes help {who}" if cell["verdict"] == "holds" else f"the far bytes hurt {who}"
+
+
 @lru_cache(maxsize=None)
 def far_block() -> str:
-    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: ALiBi's far bytes
-    against RoPE limited to its last training-length keys, and plain RoPE's with full attention against its own
-    window (:func:`~posenc_lab.gain.far_context_family`, seeds as samples, each run's grid adjusted as one
-    family)."""
+    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: first each model's own
+    gain, ALiBi's and plain RoPE's far bytes with full attention against the same model limited to its last
+    training-length keys; then the comparison, ALiBi with full attention against RoPE limited to those keys, and
+    how much of that difference is already there with both limited (:func:`~posenc_lab.gain.far_context_family`,
+    seeds as samples, each run's grid adjusted as one family; the limited-to-limited ratio is a plain paired mean,
+    untested)."""
     from .context import far_context_family
 
     lines = []
     for name, text in CONTEXTS.values():
         rows = results.read_json(name, "gain.json")
         grid = far_context_family(rows).set_index(["question", "label", "eval_len"])
-        alibi = grid.loc[("beats the window", "alibi", FAR_LEN)]
+        alibi_own = grid.loc[("uses the far context", "alibi", FAR_LEN)]
         rope = grid.loc[("uses the far context", "rope/none", FAR_LEN)]
+        versus = grid.loc[("beats the window", "alibi", FAR_LEN)]
         reach = rows[0]["reach"]
-        window = f"RoPE's {reach}-key window"
-        if alibi["survives"] == "none" or "under 1 %" in alibi["verdict"]:
-            outcome = f"neither ALiBi nor {window} wins"
+        ok = [r for r in rows if r["eval_len"] == FAR_LEN and r["status"] == "ok"]
+        by = {(r["encoding"], r["strategy"], r["seed"]): r for r in ok}
+        seeds = sorted({r["seed"] for r in ok})
+        within = _paired_ratio(by, seeds, ("alibi", "-"), "far_loss_reach", ("rope", "none"), "far_loss_reach")
+        if versus["survives"] == "none" or "under 1 %" in versus["verdict"]:
+            outcome = f"neither ALiBi nor RoPE's {reach}-key window is ahead"
         else:
-            outcome = f"ALiBi beats {window}" if alibi["ratio"] < 1 else f"{window} beats ALiBi"
-        lines.append(f"On {text} (`{name}`), {outcome}. ALiBi's far-byte perplexity at {FAR_LEN:,} is "
-                     f"{alibi['ratio']:.3f} times the window's ({_read(alibi)}). With full attention, plain RoPE's is "
-                     f"{rope['ratio']:.2f} times its own window's ({_read(rope)}).")
+            outcome = f"ALiBi is ahead of RoPE's {reach}-key window" if versus["ratio"] < 1 else \
+                f"RoPE's {reach}-key window is ahead of ALiBi"
+        share = math.log(within) / math.log(versus["ratio"]) if versus["ratio"] != 1 else 0.0
+        where = (f"most of that difference is there within {reach} keys" if share > 0.5
+                 else "most of that difference comes from the far bytes")
+        lines.append(
+            f"On {text} (`{name}`) at {FAR_LEN:,} bytes, ALiBi's far-byte perplexity with full attention is "
+            f"{alibi_own['ratio']:.3f} times its own with {reach} keys ({_read(alibi_own)}). So "
+            f"{_gain_in_words(alibi_own, 'ALiBi')}. Plain RoPE's is {rope['ratio']:.2f} times its own window's "
+            f"({_read(rope)}): {_gain_in_words(rope, 'RoPE')}. Compared with each other, {outcome}: ALiBi's far-byte "
+            f"perplexity is {versus['ratio']:.3f} times the window's ({_read(versus)}). With both limited to {reach} "
+            f"keys the ratio is already {within:.3f}, so {where}.")
     reach = results.read_json(next(iter(CONTEXTS.values()))[0], "gain.json")[0]["reach"]
     return (f"Does a model use the bytes past its training length? Chapter 9 scores the bytes past position {reach} "
             f"of each window twice: with full attention, and with attention limited to the last {reach} keys. "
@@ -268,9 +296,36 @@ def recent_far_line() -> str:
         return "; ".join(found) or "none"
 
     reach = results.read_json(RECENT_FAR, "gain.json")[0]["reach"]
+    helped = kept[(kept["question"] == "uses the far context") & (kept["verdict"] == "holds")]
     return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
             f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
-            f"{named('uses the far context', 'holds')}. Hurt by them: {named('uses the far context', 'fails')}.")
+            f"{named('uses the far context', 'holds')}.{recent_repair_caveat(set(helped['label']))} Hurt by them: "
+            f"{named('uses the far context', 'fails')}.")
+
+
+def recent_repair_caveat(helped) -> str:
+    """The caveat chapter 13 puts on a method the far bytes help: where that method's far bytes, limited to the last
+    ``reach`` keys, score a higher perplexity on every seed and length than its whole windows at the training length
+    (:data:`RECENT`, non-overlapping windows, the seeds' geometric mean), its limited form is broken, and part of the
+    help repairs it. Empty when no helped method is such."""
+    import numpy as np
+
+    rows = [r for r in results.read_json(RECENT_FAR, "gain.json") if r["status"] == "ok"]
+    train = [r for r in rows_of(RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == r["train_len"]]
+    parts = []
+    for method in results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]:
+        if method not in helped:
+            continue
+        limited = [math.exp(r["far_loss_reach"]) for r in rows if r["encoding"] == method]
+        at_train = math.exp(np.mean([math.log(r["perplexity"]) for r in train if r["encoding"] == method]))
+        if min(limited) > at_train:
+            parts.append(f"{findings.NAMES.get(method, method)} {min(limited):.1f} to {max(limited):.1f} against "
+                         f"{at_train:.2f}")
+    if not parts:
+        return ""
+    reach, train_len = rows[0]["reach"], rows[0]["train_len"]
+    return (f" Part of that help repairs a broken {reach}-key form (chapter 13). Limited to {reach} keys, their far "
+            f"bytes score a higher perplexity than their whole {train_len:,}-byte windows do: {'; '.join(parts)}.")
 
 
 #: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
