@@ -316,3 +316,13 @@ def test_dape_on_alibi_attends_both_ways_where_its_base_does():
         for backend in ("sdpa", "flex"):
             torch.testing.assert_close(attention(q, k, v, enc, backend=backend, causal=False), want,
                                        rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_query_rows_taken_a_few_at_a_time_give_the_same_attention(kernel, monkeypatch):
+    """A long window's hidden activations are computed a few query rows at a time: the paper's logits still."""
+    enc, (q, k, v) = perturbed("dape-kerple", kernel=kernel), qkv(14)
+    monkeypatch.setattr(type(enc), "CHUNK", B * 32 * 14 * 3)  # 3 query rows at a time
+    with torch.no_grad():
+        got = attention(q, k, v, enc, backend="sdpa")
+    torch.testing.assert_close(got.double(), dape_attention(q, k, v, enc), rtol=1e-5, atol=1e-5)

@@ -87,9 +87,19 @@ class DAPELayer(Encoding):
         """One logit and one base bias per head in, one bias per head out."""
         return self.base.num_heads
 
+    #: hidden activations computed at once (elements): the queries are taken a few rows at a time past it
+    CHUNK = 2**24
+
     def token_bias(self, q, k, hidden, q_pos=None, k_pos=None):
         if q_pos is None or k_pos is None:
             raise PosencError("DAPE's bias reads the base bias at the queries' and keys' positions: pass q_pos and k_pos")
+        # query rows in chunks, so that the hidden activations (batch x width x rows x keys) stay small
+        rows = max(1, self.CHUNK // max(1, q.shape[0] * self.inner.out_channels * k.shape[-2]))
+        parts = [self._rows(q[:, :, i:i + rows], k, hidden[..., i:i + rows, :], q_pos[..., i:i + rows], k_pos)
+                 for i in range(0, q.shape[-2], rows)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def _rows(self, q, k, hidden, q_pos, k_pos):
         work = torch.promote_types(q.dtype, torch.float32)
         scores = einsum(q.to(work), k.to(work), "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
         base = self.base.bias(q_pos, k_pos).to(work)  # h i j (b h i j for positions b n)
@@ -121,7 +131,17 @@ class DAPE(DAPELayer):
 
 
 class DAPEALiBi(DAPE):
-    """DAPE on ALiBi's fixed slopes (``alibi_heads`` as for :class:`~posenc_lab.encodings.ALiBi`)."""
+    """DAPE on ALiBi's fixed slopes (``alibi_heads`` as for :class:`~posenc_lab.encodings.ALiBi`).
+
+    Shapes: ``token_bias(q, k, hidden, q_pos, k_pos)``: ``q`` ``b h i d``, ``k`` ``b h j d``, ``hidden`` ``i j``,
+    ``q_pos`` ``i``, ``k_pos`` ``j`` -> ``b h i j``; :func:`~posenc_lab.backends.attention` calls it.
+
+    >>> import torch; from posenc_lab import ALiBi, DAPEALiBi
+    >>> dape, q, pos, hidden = DAPEALiBi(2), torch.randn(1, 2, 5, 8), torch.arange(5), torch.ones(5, 5).triu(1).bool()
+    >>> with torch.no_grad(): _ = dape.outer.weight.zero_(), dape.outer.bias.zero_()  # f = 0: ALiBi itself
+    >>> b = dape.token_bias(q, q, hidden, pos, pos); b.shape, torch.allclose(b[0], ALiBi(2).bias(pos, pos))
+    (torch.Size([1, 2, 5, 5]), True)
+    """
 
     name, variant_of = "dape-alibi", "alibi"
     shape = {"num_heads": "num_heads", "n_layer": "n_layer"}
@@ -131,7 +151,16 @@ class DAPEALiBi(DAPE):
 
 
 class DAPEKerple(DAPE):
-    """DAPE on KERPLE-log (the paper's best base), ``init_r1``, ``init_r2`` as for :class:`~posenc_lab.encodings.Kerple`."""
+    """DAPE on KERPLE-log (the paper's best base), ``init_r1``, ``init_r2`` as for :class:`~posenc_lab.encodings.Kerple`.
+
+    Shapes: ``token_bias(q, k, hidden, q_pos, k_pos)``: ``q`` ``b h i d``, ``k`` ``b h j d``, ``hidden`` ``i j``,
+    ``q_pos`` ``i``, ``k_pos`` ``j`` -> ``b h i j``; :func:`~posenc_lab.backends.attention` calls it.
+
+    >>> import torch; from posenc_lab import DAPEKerple
+    >>> q, pos, hidden = torch.randn(1, 2, 5, 8), torch.arange(5), torch.ones(5, 5).triu(1).bool()
+    >>> DAPEKerple(2, width=16).token_bias(q, q, hidden, pos, pos).shape
+    torch.Size([1, 2, 5, 5])
+    """
 
     name, variant_of = "dape-kerple", "kerple"
     shape = {"num_heads": "num_heads", "n_layer": "n_layer"}
@@ -141,7 +170,16 @@ class DAPEKerple(DAPE):
 
 
 class DAPEFire(DAPE):
-    """DAPE on FIRE (its threshold starting at the training length, as :class:`~posenc_lab.encodings.Fire`'s)."""
+    """DAPE on FIRE (its threshold starting at the training length, as :class:`~posenc_lab.encodings.Fire`'s).
+
+    Shapes: ``token_bias(q, k, hidden, q_pos, k_pos)``: ``q`` ``b h i d``, ``k`` ``b h j d``, ``hidden`` ``i j``,
+    ``q_pos`` ``i``, ``k_pos`` ``j`` -> ``b h i j``; :func:`~posenc_lab.backends.attention` calls it.
+
+    >>> import torch; from posenc_lab import DAPEFire
+    >>> q, pos, hidden = torch.randn(1, 2, 5, 8), torch.arange(5), torch.ones(5, 5).triu(1).bool()
+    >>> DAPEFire(2, train_len=16, kernel=3).token_bias(q, q, hidden, pos, pos).shape  # kernel 3: DAPE v2
+    torch.Size([1, 2, 5, 5])
+    """
 
     name, variant_of = "dape-fire", "fire"
     shape = {"num_heads": "num_heads", "train_len": "train_len", "n_layer": "n_layer"}
