@@ -23,6 +23,10 @@ every second position, is scored as such by every backend. Backends:
   ``n x n`` score square (a reference path, slow; ``sdpa`` is the CPU's fast one).
 * ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 
+>>> from posenc_lab import BACKENDS
+>>> BACKENDS
+('auto', 'reference', 'sdpa', 'flex')
+
 Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
 of the keys, as with a key/value cache). ``reach=W`` restricts every query further to the keys less
 than ``W`` positions away (``i - j < W``; ``|i - j| < W`` when not causal): a sliding-window mask, as
@@ -116,6 +120,16 @@ def attention(
     householder: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
+
+    Shapes: ``q`` ``b h n d``, ``k`` ``b h_kv n d``, ``v`` ``b h_kv n d_v``, ``positions`` ``n`` or ``b n`` ->
+    ``b h n d_v``.
+
+    >>> import torch, torch.nn.functional as F; from posenc_lab import ALiBi, attention, bias_tensor
+    >>> (q, k, v), alibi = torch.randn(3, 1, 4, 6, 8), ALiBi(4)
+    >>> mask = bias_tensor(alibi, torch.arange(6), causal=True)  # h n n, -inf on the future keys
+    >>> out = attention(q, k, v, alibi)
+    >>> out.shape, torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
+    (torch.Size([1, 4, 6, 8]), True)
 
     ``k, v`` may have ``h_kv`` heads dividing ``h`` (grouped-query attention, :func:`repeat_kv`). ``positions``: the
     tokens' absolute positions, ``n`` (default ``0 .. n-1``) or ``b n`` (Hugging Face's ``position_ids``: the same as

@@ -17,6 +17,15 @@ def shown(positions: torch.Tensor) -> str:
 class KVCache:
     """One layer's key/value cache for incremental decoding: keys, values and their positions so far.
 
+    Shapes: ``attention(q, k, v, encoding, cache=cache)`` with the new tokens' ``q, k, v`` ``b h n d``; the cache
+    holds ``k, v`` ``b h n_cached d`` and ``positions`` ``n_cached``.
+
+    >>> import torch; from posenc_lab import KVCache, RoPE, attention
+    >>> rope, (q, k, v), cache = RoPE(8, train_len=16), torch.randn(3, 1, 2, 6, 8), KVCache()
+    >>> steps = [attention(q[:, :, [i]], k[:, :, [i]], v[:, :, [i]], rope, cache=cache) for i in range(6)]
+    >>> len(cache), torch.allclose(torch.cat(steps, dim=2), attention(q, k, v, rope), atol=1e-6)
+    (6, True)
+
     Keys are stored rotated, once, when they enter (RoPE, xPos): a cache never re-rotates them. That
     is why dynamic NTK in its ``"sequence"`` form (every key re-rotated with the current base) cannot
     be served by a cache at all: re-rotating the cached keys of the first layer would not be enough,
@@ -99,9 +108,19 @@ class KVCache:
 
 class SinkCache:
     """A rolling key/value cache with attention sinks (Xiao et al. 2024, StreamingLLM): the first ``sinks``
-    tokens stay, and of the rest only the last ``window``; positions are the slots *within the cache*
-    (``0 .. size - 1``), not the tokens' positions in the stream, so a stream of any length never shows
-    the encoding a distance or a position beyond ``sinks + window``.
+    tokens stay, and of the rest only the last ``window``.
+
+    Shapes: ``attention(q, k, v, encoding, cache=cache)`` with the new tokens' ``q, k, v`` ``b h n d`` (one token
+    at a time past the capacity); the cache holds ``k, v`` ``b h (sinks + window) d`` at most.
+
+    >>> import torch; from posenc_lab import RoPE, SinkCache, attention
+    >>> rope, (q, k, v), cache = RoPE(8, train_len=16), torch.randn(3, 1, 2, 9, 8), SinkCache(window=3, sinks=1)
+    >>> for i in range(9): out = attention(q[:, :, [i]], k[:, :, [i]], v[:, :, [i]], rope, cache=cache)
+    >>> cache.k.shape, cache.seen, out.shape
+    (torch.Size([1, 2, 4, 8]), 9, torch.Size([1, 2, 1, 8]))
+
+    Positions are the slots *within the cache* (``0 .. size - 1``), not the tokens' positions in the stream, so a
+    stream of any length never shows the encoding a distance or a position beyond ``sinks + window``.
 
     Keys are stored *before* rotation and rotated with their slot positions at every step (a slot's
     position changes as the window rolls); biases are computed on the slots too. ``sinks=0`` is a

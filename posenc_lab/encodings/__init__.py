@@ -23,7 +23,13 @@ The attention backends (:mod:`posenc_lab.backends`) only need to know how to con
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
-builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
+builds one from the model's shape:
+
+>>> from posenc_lab import ENCODINGS, ALiBi, make_encoding
+>>> ENCODINGS["alibi"] is ALiBi, make_encoding("rope", head_dim=64, train_len=512).name
+(True, 'rope')
+
+The classes live by hook in the modules ``base`` (the hooks, NoPE),
 ``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
 ``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), ``adaptive`` (DAPE: a network of
 the logits and a base bias, through ``token_bias``), and the local/global layer mixes
@@ -92,6 +98,10 @@ def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | Non
     length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows), FoX and CoPE the number
     of layers ``n_layer`` (each layer has its own gates or embeddings; default one). ``options`` go to the
     encoding's constructor (``scaling="yarn", factor=4.0`` for RoPE, ``bidirectional=True`` for T5, ...).
+
+    >>> from posenc_lab import make_encoding
+    >>> make_encoding("rope", d_model=256, num_heads=4, train_len=512, scaling="yarn", factor=4.0)
+    RoPE(head_dim=64, layout=half, base=10000.0, scaling=yarn)
     """
     if name not in ENCODINGS:
         raise unknown_name("encoding", name, ENCODINGS)
