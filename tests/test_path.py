@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab import KVCache, PaTH, PosencError, SinkCache, attention, make_encoding
-from posenc_lab.encodings.householder import householder_vectors, path_logits
+from posenc_lab.encodings.householder import householder_vectors, path_logits, path_logits_blocked
 from posenc_lab.model import GPT, GPTConfig
 
 B, H, N, D = 2, 3, 10, 4
@@ -57,6 +57,21 @@ def test_logits_are_the_papers_product_of_transforms_written_out(nq):
     seen = torch.isfinite(expected)
     torch.testing.assert_close(got[seen], expected[seen], rtol=1e-12, atol=1e-12)
     assert (got[~seen] == 0).all()
+
+
+@pytest.mark.parametrize("n,block", [(37, 8), (32, 16), (16, 4), (5, 8), (17, 16)])
+def test_the_blocked_computation_equals_the_walk(n, block):
+    """Blocks of queries and keys, the product across whole blocks as ``d x d`` matrices: the walk's numbers, whether
+    ``n`` is a multiple of the block or not; and their gradients."""
+    q, k, _ = (t.requires_grad_() for t in qkv(n=n, d=6, seed=n))
+    w, beta = (t.requires_grad_() for t in transforms(n=n, d=6, seed=n + 1))
+    walked = path_logits(q, k, w, beta)
+    blocked = path_logits_blocked(q, k, w, beta, block)
+    torch.testing.assert_close(blocked, walked, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(walked.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((walked * weights).sum(), (q, k, w, beta)),
+                    torch.autograd.grad((blocked * weights).sum(), (q, k, w, beta))):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 
 def test_attention_is_the_softmax_of_the_papers_logits():
