@@ -296,3 +296,28 @@ def test_registered_as_a_variant_of_rope_with_its_own_transforms_in_every_layer(
     assert enc.up.shape == (4, 8, 8) and len(enc.later) == 2 and enc.for_layer(2, 3) is enc.later[1]
     with pytest.raises(PosencError, match="build it with n_layer=4"):
         enc.for_layer(0, 4)
+
+
+def test_the_diagnostics_recompute_each_layers_path_weights():
+    """:func:`diagnostics.attention_weights` reads each layer's transforms: its weights times the values are the
+    layer's attention."""
+    from einops import rearrange
+
+    from posenc_lab import diagnostics
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="path", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
+    with torch.no_grad():
+        for layer in (model.encoding, *model.encoding.later):
+            layer.up.mul_(50.0)
+            layer.gate_bias.normal_(0.0, 1.0)
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    for i, (block, w, x) in enumerate(zip(model.blocks, diagnostics.attention_weights(model, idx),
+                                          diagnostics._layer_inputs(model, idx))):
+        enc = model.encoding.for_layer(i, 2)
+        q, k, v = rearrange(block.attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=2)
+        with torch.no_grad():
+            want = attention(q, k, v, enc, backend="reference", householder=enc.householder(x))
+            plain = attention(q, k, v, None, backend="reference")
+        torch.testing.assert_close(w @ v.detach(), want, rtol=1e-5, atol=1e-5)
+        assert (want - plain).abs().max() > 1e-4  # the transforms matter (small weights at the start: a little)
