@@ -321,3 +321,56 @@ def test_the_diagnostics_recompute_each_layers_path_weights():
             plain = attention(q, k, v, None, backend="reference")
         torch.testing.assert_close(w @ v.detach(), want, rtol=1e-5, atol=1e-5)
         assert (want - plain).abs().max() > 1e-4  # the transforms matter (small weights at the start: a little)
+
+
+# --------------------------------------------------------------------------------------------- PaTH-FoX
+
+
+def test_path_fox_logits_are_the_product_plus_the_gates_sum_both_divided_by_sqrt_d():
+    """``(q_i^T H_i ... H_{j+1} k_j + sum_{l=j+1}^{i} log f_l) / sqrt(d)``, the gates ``f_l = sigmoid(w_f . x_l +
+    b_f)``, written out token by token in float64, against every backend."""
+    from posenc_lab import PaTHFoX
+
+    enc = PaTHFoX(H, 12, D)
+    with torch.no_grad():
+        enc.w_f.normal_(0.0, 0.5)
+        enc.b_f.normal_(1.0, 0.5)
+    x = torch.randn(B, N, 12, dtype=torch.float64)
+    q, k, v = qkv()
+    with torch.no_grad():
+        w, beta = enc.householder(x)
+    w_f, b_f = enc.w_f.detach().double(), enc.b_f.detach().double()
+    log_f = torch.zeros(B, H, N, dtype=torch.float64)
+    for bi in range(B):
+        for h in range(H):
+            for t in range(N):
+                log_f[bi, h, t] = math.log(1 / (1 + math.exp(-float(w_f[h] @ x[bi, t] + b_f[h]))))
+    sums = log_f.cumsum(-1)
+    expected = ((paper_logits(q, k, w, beta, 0) + sums[..., :, None] - sums[..., None, :]) / math.sqrt(D)).softmax(-1)
+    with torch.no_grad():
+        inputs = {"householder": (w, beta), "decay": enc.decay(x)}  # FoX's gates are float32 (log_forget)
+    torch.testing.assert_close(inputs["decay"].double(), log_f / math.sqrt(D), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(attention(q, k, v, enc, backend="reference", **inputs), expected @ v,
+                               rtol=1e-6, atol=1e-6)
+    for backend in ("sdpa", "flex"):
+        got = attention(q.float(), k.float(), v.float(), enc, backend=backend,
+                        **{name: tuple(t.float() for t in value) if isinstance(value, tuple) else value.float()
+                           for name, value in inputs.items()})
+        torch.testing.assert_close(got.double(), expected @ v, rtol=1e-5, atol=1e-5)
+    with pytest.raises(PosencError, match="pass decay=encoding.decay"):
+        attention(q, k, v, enc, householder=(w, beta))
+
+
+def test_path_fox_generates_the_same_with_and_without_a_cache():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="path-fox", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
+    with torch.no_grad():
+        for layer in (model.encoding, *model.encoding.later):
+            layer.up.mul_(50.0)
+            layer.b_f.normal_(0.0, 1.0)
+    assert all(layer.has_decay for layer in (model.encoding, *model.encoding.later))
+    prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached, cached_logits = model.generate(prompt, 20, cache=True, return_logits=True)
+    full, full_logits = model.generate(prompt, 20, cache=False, return_logits=True)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)

@@ -27,6 +27,9 @@ the ``sdpa`` and ``flex`` backends use it. A key/value cache keeps each token's 
 (:meth:`~posenc_lab.backends.KVCache.continue_householder`), so a new query walks back through the cached tokens
 as a whole forward pass does.
 
+:class:`PaTHFoX` adds FoX's forget gates (the paper's PaTH-FoX): the two terms reach attention through their own
+hooks, ``householder`` and ``decay``, and the backends add them as they add either alone.
+
 Departures from the authors' layer (``PaTHAttention`` in fla-org/flash-linear-attention): no short convolution
 over ``w`` (theirs, kernel 3 with SiLU, reads the two tokens before; here ``w_t`` reads ``x_t`` alone, so a cache
 needs no convolution state), no QK-norm; one transform per query head.
@@ -41,6 +44,7 @@ from torch import nn
 
 from ..errors import PosencError
 from .base import Encoding
+from .forgetting import log_forget
 
 
 def householder_vectors(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor, gate: torch.Tensor,
@@ -154,7 +158,7 @@ class PaTHLayer(Encoding):
     reads_tokens = True
     noncausal = False
 
-    def __init__(self, num_heads: int, d_model: int, head_dim: int, *, rank: int = 32):
+    def __init__(self, num_heads: int, d_model: int, head_dim: int, *, rank: int = 32, forget: bool = False):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise PosencError(f"PaTH needs a positive rank for its projection of w, got rank={rank!r}")
         super().__init__()
@@ -162,6 +166,22 @@ class PaTHLayer(Encoding):
         self.up = nn.Parameter(0.02 * torch.randn(num_heads, head_dim, rank))  # h d r
         self.gate = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
         self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # h
+        if forget:  # PaTH-FoX: FoX's forget gates beside the transforms
+            self.w_f = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
+            self.b_f = nn.Parameter(torch.zeros(num_heads))  # h
+
+    @property
+    def has_decay(self) -> bool:
+        """Whether the layer has FoX's forget gates too (PaTH-FoX)."""
+        return hasattr(self, "w_f")
+
+    def decay(self, x):
+        """PaTH-FoX's log forget values ``log f_t / sqrt(d)`` (``b h n``), FoX's gates
+        (:func:`~posenc_lab.encodings.forgetting.log_forget`) scaled as the authors' PaTH-FoX scales them (the sum
+        ``c_i - c_j`` joins ``q_i^T ... k_j`` before the division by ``sqrt(d)``); None for PaTH alone."""
+        if not self.has_decay:
+            return None
+        return log_forget(x, self.w_f, self.b_f) / self.up.shape[1] ** 0.5
 
     @property
     def num_heads(self) -> int:
@@ -180,7 +200,7 @@ class PaTHLayer(Encoding):
 
     def extra_repr(self) -> str:
         heads, head_dim, rank = self.up.shape
-        return f"hook=householder, {heads} heads x {head_dim}, rank {rank}"
+        return f"hook=householder, {heads} heads x {head_dim}, rank {rank}" + (", forget gates" if self.has_decay else "")
 
 
 class PaTH(PaTHLayer):
@@ -203,15 +223,44 @@ class PaTH(PaTHLayer):
     variant_of = "rope"  # a rotation-like transform of the score, accumulated over the tokens in between
     shape = {"num_heads": "num_heads", "d_model": "d_model", "head_dim": "head_dim", "n_layer": "n_layer"}
 
-    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32):
+    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32,
+                 forget: bool = False):
         if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
             raise PosencError(f"PaTH needs a positive number of layers, got n_layer={n_layer!r}")
         head_dim = d_model // num_heads if head_dim is None else head_dim
-        super().__init__(num_heads, d_model, head_dim, rank=rank)
-        self.later = nn.ModuleList(PaTHLayer(num_heads, d_model, head_dim, rank=rank) for _ in range(n_layer - 1))
+        super().__init__(num_heads, d_model, head_dim, rank=rank, forget=forget)
+        self.later = nn.ModuleList(PaTHLayer(num_heads, d_model, head_dim, rank=rank, forget=forget)
+                                   for _ in range(n_layer - 1))
 
     def for_layer(self, layer: int, n_layer: int) -> Encoding:
         if n_layer != len(self.later) + 1:
             raise PosencError(f"this PaTH has transforms for {len(self.later) + 1} layers, the model has {n_layer}: "
                               f"build it with n_layer={n_layer}")
         return self if layer == 0 else self.later[layer - 1]
+
+
+class PaTHFoX(PaTH):
+    """PaTH-FoX (Yang et al. 2025): PaTH's transforms and FoX's forget gates in every layer, the logit
+
+        (q_i^T H_i ... H_{j+1} k_j + sum_{l=j+1}^{i} log f_l) / sqrt(d),
+
+    the gates' sum divided by ``sqrt(d)`` with the rest, as in the authors' reference (``naive_path_attn`` in
+    fla-org/flash-linear-attention); the package's FoX adds its sum undivided. The gates start as FoX's (``w_f``
+    normal with standard deviation 0.02, ``b_f`` at 0) and reach attention through the ``decay`` hook, the
+    transforms through ``householder``: the backends add the two terms as they add them for each alone.
+
+    Shapes: ``householder(x)``: ``x`` ``b n d_model`` -> ``w`` ``b h n d``, ``beta`` ``b h n``; ``decay(x)`` ->
+    ``b h n``.
+
+    >>> import torch; from posenc_lab import PaTHFoX, attention
+    >>> enc, x = PaTHFoX(2, 16), torch.randn(1, 5, 16)
+    >>> q, k, v = torch.randn(3, 1, 2, 5, 8)
+    >>> attention(q, k, v, enc, householder=enc.householder(x), decay=enc.decay(x)).shape
+    torch.Size([1, 2, 5, 8])
+    """
+
+    name = "path-fox"
+    variant_of = "path"  # PaTH with a forget gate
+
+    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32):
+        super().__init__(num_heads, d_model, head_dim, n_layer=n_layer, rank=rank, forget=True)
