@@ -22,7 +22,7 @@ fla-org/flash-linear-attention); the package checks it against an explicit produ
 to the first, applying one ``H_t`` a key (``u <- H_t u``, ``O(d)`` per pair), ``O(n^2 d)`` per head in all, in
 ``n`` steps that each move every query at once: the definition, which the ``reference`` backend follows. Its autograd
 keeps every step, too much memory to train on (a 4-layer, 128-wide model at 512 tokens and batch 8 did not fit in
-20 GB); :func:`path_logits_blocked` gives the same numbers block by block, in ``3 block + n / block`` steps, and
+20 GB); :func:`path_logits_blocked` gives the same numbers block by block, in ``2 block + n / block`` steps, and
 the ``sdpa`` and ``flex`` backends use it. A key/value cache keeps each token's ``w, beta``
 (:meth:`~posenc_lab.backends.KVCache.continue_householder`), so a new query walks back through the cached tokens
 as a whole forward pass does.
@@ -104,8 +104,8 @@ def path_logits_blocked(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta:
     with ``qhat_i = H_s' ... H_i q_i`` (the query walked back to its block's first token ``s'``), ``khat_j = H_{e-1}
     ... H_{j+1} k_j`` (the key carried to its block's last token ``e - 1``) and ``M_c`` the ``d x d`` product of block
     ``c``'s transforms. A block's own pairs come from the walk of :func:`path_logits` within the block, which leaves
-    ``qhat``. Every block walks at once, so the steps are ``3 block + n / block`` instead of ``n``, and autograd
-    keeps about ``block / n`` of the walk's memory. Computed in float32 at least."""
+    ``qhat``. Every block walks at once, so the steps are ``2 block + n / block`` instead of ``n``, and autograd
+    keeps a fraction of the walk's memory. Computed in float32 at least."""
     b, h, n, d = q.shape
     if k.shape[-2] != n or n <= block:
         return path_logits(q, k, w, beta)
