@@ -95,9 +95,9 @@ def test_the_first_query_attends_to_nothing_unless_it_sees_itself(attend_current
     torch.testing.assert_close(out[:, :, 0], first if attend_current else torch.zeros_like(first))
 
 
-@pytest.mark.parametrize("options", [{}, {"reach": 5}, {"positions": torch.arange(N) + 77}, {"grouped": True},
-                                     {"real_keys": True}, {"attend_current": True}],
-                         ids=["plain", "reach", "offset", "grouped", "padded", "attend-current"])
+@pytest.mark.parametrize("options", [{}, {"reach": 5}, {"chunk": 4}, {"positions": torch.arange(N) + 77},
+                                     {"grouped": True}, {"real_keys": True}, {"attend_current": True}],
+                         ids=["plain", "reach", "chunk", "offset", "grouped", "padded", "attend-current"])
 def test_sdpa_backend_equals_reference(options):
     options = dict(options)
     enc = StickBreaking(attend_current=options.pop("attend_current", False))
