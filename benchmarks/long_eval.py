@@ -30,7 +30,7 @@ from benchmarks.common import environment, median_time, peak_memory, peak_rss, p
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import autocast, flush_denormals  # noqa: E402
+from posenc_lab.lab.run.training import autocast, flush_denormals  # noqa: E402
 
 
 def build(name: str, args, device: torch.device) -> GPT:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, print_table, write_json  # noqa: E402
 
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import TrainConfig, flush_denormals, make_optimizer  # noqa: E402
+from posenc_lab.lab.run.training import TrainConfig, flush_denormals, make_optimizer  # noqa: E402
 
 # how x-transformers spells each encoding (the ones it has); sinusoidal is its *scaled* sinusoid
 PEER_OPTIONS = {

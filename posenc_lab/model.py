@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from .backends import KVCache, SinkCache, attention
-from .encodings import RoPE, make_encoding
+from .encodings import make_encoding
 from .errors import PosencError, check_positive
 
 
@@ -199,7 +199,7 @@ class GPT(nn.Module):
         prompt = _checked_prompt(prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
-        restore = self._fix_scaling(prompt.shape[1] + max_new_tokens, dynamic)
+        restore = self.encoding.pin_length(prompt.shape[1] + max_new_tokens, dynamic)
         if cache is None:
             cache = self.encoding.cacheable
         elif cache and not self.encoding.cacheable:
@@ -236,21 +236,6 @@ class GPT(nn.Module):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         probs = logits.softmax(dim=-1)
         return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
-
-    def _fix_scaling(self, final_len: int, dynamic: str | None):
-        """Fix a length-following RoPE factor at ``final_len`` (and a dynamic-NTK form) for one call; returns
-        the function that restores the encoding as it was."""
-        enc = self.encoding
-        if not isinstance(enc, RoPE):  # RoPE and its variants
-            return lambda: None
-        saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
-        factor = max(1.0, final_len / enc.train_len) if enc.factor_follows_length else enc.factor
-        enc.set_scaling(enc.scaling, factor, dynamic=dynamic or enc.dynamic, **enc.scaling_options)
-
-        def restore():
-            enc.set_scaling(saved[0], saved[1], dynamic=saved[3], **saved[2])
-
-        return restore
 
     def token_losses(self, idx: torch.Tensor, targets: torch.Tensor, *, reach: int | None = None) -> torch.Tensor:
         """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``);

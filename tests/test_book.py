@@ -14,7 +14,7 @@ import jupytext
 import pytest
 import yaml
 
-from posenc_lab import explore
+from posenc_lab.lab.figures import interactive as explore
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.md"))

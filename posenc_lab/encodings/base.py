@@ -150,6 +150,12 @@ class Encoding(nn.Module):
         variants that leave some layers without position (:class:`RoPENoPELayers`)."""
         return self
 
+    def pin_length(self, final_len: int, dynamic: str | None = None) -> Callable[[], None]:
+        """Fix, for one generation call that ends at ``final_len`` tokens, whatever the encoding would otherwise
+        re-derive from each forward pass's length; returns the function that restores it. Nothing to fix here;
+        RoPE with a factor that follows the length fixes that factor (:meth:`RoPE.pin_length`)."""
+        return lambda: None
+
     def forward_positions(self, positions: torch.Tensor, training: bool) -> torch.Tensor:
         """The positions a forward pass without a cache gives its tokens (``training``: in training mode):
         ``positions`` itself, except in the randomized variants (:class:`RandomizedRoPE`,

@@ -143,6 +143,19 @@ class RoPE(Encoding):
         return (self.factor_follows_length or self.scaling == "longrope"
                 or (self.scaling == "dynamic-ntk" and self.dynamic == "sequence"))
 
+    def pin_length(self, final_len: int, dynamic: str | None = None):
+        """Fix a factor that follows the length at ``max(1, final_len / train_len)`` (and dynamic NTK's form at
+        ``dynamic``, when given) for one generation call, so that every step of it rotates with the same factor;
+        returns the function that restores the strategy as it was."""
+        saved = (self.scaling, self.factor, dict(self.scaling_options), self.dynamic)
+        factor = max(1.0, final_len / self.train_len) if self.factor_follows_length else self.factor
+        self.set_scaling(self.scaling, factor, dynamic=dynamic or self.dynamic, **self.scaling_options)
+
+        def restore():
+            self.set_scaling(saved[0], saved[1], dynamic=saved[3], **saved[2])
+
+        return restore
+
     @property
     def factor_follows_length(self) -> bool:
         """Whether the strategy's factor is ``max(1, n / train_len)`` for each call's length ``n`` (any strategy but

@@ -1,0 +1,479 @@
+"""The generated parts of the README and of the book's landing page, and a README for each headline run, all
+from the committed results: no number in them is typed by hand.
+
+    python -m posenc_lab.lab.readme           # rewrite the generated blocks and results/<run>/README.md
+    python -m posenc_lab.lab.readme --check   # exit 1 when a generated text differs from the committed one
+
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``answer`` (the first screen's
+table in plain words, :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` of the headline run), ``findings`` (each claim with
+its ratio, interval, p and modes, :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown`), ``prose`` (the verdicts that differ on English
+prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the methods of 2024-26
+against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that
+README.md, book/intro.md and every run's README equal what this module writes (``tests/test_readme.py``,
+``tests/test_results.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from posenc_lab.lab import results
+from posenc_lab.lab.verdicts import claims, in_words as findings, tables as report
+from posenc_lab.lab.verdicts.statistics import frame
+from posenc_lab.lab.labels import Label
+
+#: the run the README and the landing page show
+HEADLINE = "article-long-b4"
+#: the other recipe with the same model and tokens (batch 8 for 2,800 steps)
+OTHER_RECIPE = "article-long"
+#: the headline recipe on English prose
+PROSE = "prose-long-b4"
+#: the runs that get a generated ``results/<run>/README.md``
+RUN_READMES = (HEADLINE, OTHER_RECIPE, PROSE)
+#: the encodings the two recipes are compared on at the training length (NoPE, far behind in both, is left out)
+COMPARED = ("sinusoidal", "rope/none", "alibi", "t5")
+#: the documents that hold generated blocks, relative to the repository, each with the base of its links to the
+#: committed results (the book leaves results/ out of its pages, so its landing page links to the repository)
+REPOSITORY = "https://github.com/posenc-lab/posenc-lab/blob/main/"
+DOCUMENTS = {"README.md": "", "book/intro.md": REPOSITORY}
+
+# a block's body is its lines between the markers, each ending in a newline (empty before the first fill)
+_BLOCK = re.compile(r"(<!-- (?P<name>[\w-]+):start -->\n)(?P<body>.*?)(<!-- (?P=name):end -->)", re.S)
+
+
+@lru_cache(maxsize=None)
+def _load(run: str):
+    return results.load(run)
+
+
+def rows_of(run: str) -> list[dict]:
+    """The rows of a committed run, loaded once per process."""
+    return _load(run)[0]
+
+
+def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlapping") -> float:
+    """:func:`~posenc_lab.lab.verdicts.in_words.mean_loss_at_train_len` of committed run ``run``."""
+    return findings.mean_loss_at_train_len(rows_of(run), labels, mode=mode)
+
+
+def _spec(run: str):
+    return results.spec_of(_load(run)[2])
+
+
+def _recipe(run: str) -> str:
+    training = _spec(run).training
+    return f"batch {training.batch_size} × {training.steps:,} steps"
+
+
+def _tokens(run: str) -> str:
+    spec = _spec(run)
+    return f"{spec.training.steps * spec.training.batch_size * spec.model.train_len / 1e6:.1f} M bytes"
+
+
+def _corpus(run: str) -> str:
+    corpus = _load(run)[2].get("corpus", {}).get("corpus")
+    return {"stdlib": "Python source", "prose": "English prose"}.get(corpus, f"the {corpus} corpus")
+
+
+def _names(labels) -> str:
+    names = [findings.NAMES.get(x, x) for x in labels]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+_SEEDS = {1: "one seed", 2: "two seeds", 3: "three seeds", 4: "four seeds", 5: "five seeds", 10: "ten seeds"}
+
+
+@lru_cache(maxsize=None)
+def run_block() -> str:
+    """Which run the first screen shows, and why (the declared analysis's rule: the recipe with more optimiser steps
+    for the same bytes), with the verdicts the other recipe decides otherwise."""
+    spec = _spec(HEADLINE)
+    model = spec.model
+    seeds = _SEEDS.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
+    side = findings.side_by_side({HEADLINE: rows_of(HEADLINE), OTHER_RECIPE: rows_of(OTHER_RECIPE)})
+    differ = [SHORT.get(part, part) for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
+    other = (f"Under `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}, {_SEEDS.get(len(_spec(OTHER_RECIPE).seeds))}), "
+             + (f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}: "
+                f"{_listed(differ)}." if differ
+                else "every verdict is the same."))
+    return (f"The headline run is `{HEADLINE}`: a {model.n_layer}-layer, {model.d_model}-wide byte model "
+            f"trained at {model.train_len} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
+            f"{seeds}. Of the two recipes with the same bytes, it takes more optimiser steps. {other}")
+
+
+@lru_cache(maxsize=None)
+def answer_block() -> str:
+    """The first screen's answer: exactly :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` of the headline run."""
+    return findings.answer_markdown(rows_of(HEADLINE))
+
+
+@lru_cache(maxsize=None)
+def findings_block() -> str:
+    """The claims in words: exactly :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown` of the headline run."""
+    return findings.findings_markdown(rows_of(HEADLINE))
+
+
+#: each claim part in a few words, for the line on prose
+SHORT = {
+    "1: a (slightly worse at training length)": "ALiBi slightly worse than RoPE at the training length",
+    "1: b (most stable)": "ALiBi the most stable",
+    "2: ntk most accurate": "NTK the most accurate",
+    "2: dynamic-ntk most accurate": "dynamic NTK the most accurate",
+    "2: yarn most accurate (ours)": "YaRN the most accurate",
+    "3: clearly worse than RoPE": "T5 clearly worse than RoPE",
+    "3: clearly worse than ALiBi": "T5 clearly worse than ALiBi",
+    "ordering: sinusoidal breaks first, then rotary": "the sinusoids break first, then RoPE",
+    "ordering: T5 holds to about 2x": "T5 holds to about 2x",
+    "ordering: ALiBi stays flat": "ALiBi stays flat",
+}
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@lru_cache(maxsize=None)
+def _prose_side():
+    return findings.side_by_side({HEADLINE: rows_of(HEADLINE), PROSE: rows_of(PROSE)})
+
+
+def prose_block(base: str = "") -> str:
+    """The verdicts that differ on English prose (:func:`~posenc_lab.lab.verdicts.in_words.side_by_side`), grouped by the prose verdict."""
+    side = _prose_side()
+    differ = [part for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
+    lines = [f"On English prose (`{PROSE}`: the same recipe on Jane Austen's novels and the World English Bible), "
+             f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}."]
+    groups: dict[str, list[str]] = {}
+    for part in differ:
+        verdict = findings.verdict_in_words(side.loc[part, (PROSE, "verdict")]).split(" (")[0]
+        groups.setdefault(verdict, []).append(SHORT.get(part, part))
+    for verdict, parts in groups.items():
+        lines.append(f"{verdict} on prose: {_listed(parts)}.")
+    lines.append(f"Its tables: [results/{PROSE}/README.md]({base}results/{PROSE}/README.md).")
+    return " ".join(lines)
+
+
+#: the far-context experiments (chapter 9) on the headline's models and on its prose twin's, with the text's name
+CONTEXTS = {HEADLINE: ("context-long-b4", "Python"), PROSE: ("context-prose-long-b4", "English prose")}
+#: the length at which the README reads them (the claims' judged length, 4x)
+FAR_LEN = 2048
+
+
+def _read(cell) -> str:
+    """How a far-context verdict reads: its p after Benjamini-Hochberg over the run's grid, and whether it stands."""
+    if "under 1 %" in cell["verdict"]:
+        return f"resolved but under 1 %, p = {cell['p BH']:.2g} after Benjamini-Hochberg"
+    standing = "" if cell["survives"] != "none" else ", not resolved"
+    return f"p = {cell['p BH']:.2g} after Benjamini-Hochberg{standing}"
+
+
+@lru_cache(maxsize=None)
+def far_block() -> str:
+    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: ALiBi's far bytes
+    against RoPE limited to its last training-length keys, and plain RoPE's with full attention against its own
+    window (:func:`~posenc_lab.lab.measure.far_context.far_context_family`, seeds as samples, each run's grid adjusted as one
+    family)."""
+    from posenc_lab.lab.measure.far_context import far_context_family
+
+    lines = []
+    for name, text in CONTEXTS.values():
+        rows = results.read_json(name, "gain.json")
+        grid = far_context_family(rows).set_index(["question", "label", "eval_len"])
+        alibi = grid.loc[("beats the window", "alibi", FAR_LEN)]
+        rope = grid.loc[("uses the far context", "rope/none", FAR_LEN)]
+        reach = rows[0]["reach"]
+        window = f"RoPE's {reach}-key window"
+        if alibi["survives"] == "none" or "under 1 %" in alibi["verdict"]:
+            outcome = f"neither ALiBi nor {window} wins"
+        else:
+            outcome = f"ALiBi beats {window}" if alibi["ratio"] < 1 else f"{window} beats ALiBi"
+        lines.append(f"On {text} (`{name}`), {outcome}. ALiBi's far-byte perplexity at {FAR_LEN:,} is "
+                     f"{alibi['ratio']:.3f} times the window's ({_read(alibi)}). With full attention, plain RoPE's is "
+                     f"{rope['ratio']:.2f} times its own window's ({_read(rope)}).")
+    reach = results.read_json(next(iter(CONTEXTS.values()))[0], "gain.json")[0]["reach"]
+    return (f"Does a model use the bytes past its training length? Chapter 9 scores the bytes past position {reach} "
+            f"of each window twice: with full attention, and with attention limited to the last {reach} keys. "
+            + " ".join(lines))
+
+
+#: the methods of 2024-26 (chapter 13) and the run whose baselines they were trained beside, on the same batches
+RECENT, RECENT_BASE = "recent-cpu", "article-cpu"
+#: the length at which the README reads them: the longest evaluated, sixteen times the training length
+RECENT_LEN = 8192
+
+
+def recent_rows() -> tuple[list[dict], list[str]]:
+    """The rows of :data:`RECENT` and of the baselines (:data:`~posenc_lab.lab.verdicts.in_words.BASELINES`) in
+    :data:`RECENT_BASE`, and the newer methods' labels in the run's order."""
+    from posenc_lab.lab.verdicts.statistics import label
+
+    methods = list(_spec(RECENT).encodings)
+    base = [r for r in rows_of(RECENT_BASE) if label(r) in findings.BASELINES]
+    return rows_of(RECENT) + base, methods
+
+
+@lru_cache(maxsize=None)
+def recent_block() -> str:
+    """The methods of 2024-26 against ALiBi and RoPE with YaRN at :data:`RECENT_LEN`, non-overlapping windows
+    (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of chapter 13's table)."""
+    rows, methods = recent_rows()
+    table = findings.against_baselines(rows, methods)
+    seeds = len(_spec(RECENT).seeds)
+    lines = [f"Chapter 13 trains nine methods of 2024–26 with `{RECENT_BASE}`'s recipe ({_corpus(RECENT)}, {seeds} "
+             f"seeds, `{RECENT}`). Their perplexity at {RECENT_LEN:,} bytes, as a ratio to the baseline's, in "
+             "non-overlapping windows:"]
+    lines += [f"- {findings.against_in_words(table, b, RECENT_LEN)}" for b in findings.BASELINES]
+    lines.append(f"- {recent_far_line()}")
+    lines.append(f"- {recent_digits_line()}")
+    lines.append("A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
+                 "it, at a 5 % false discovery rate over the chapter's table.")
+    return "\n".join(lines)
+
+
+#: the far-context run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
+RECENT_FAR, RECENT_FAR_BASE = "context-recent", "context-cpu"
+
+
+def recent_far_rows() -> list[dict]:
+    """:data:`RECENT_FAR`'s gain rows with :data:`RECENT_FAR_BASE`'s ALiBi, RoPE and RoPE with YaRN: the same bytes,
+    and models paired by seed (trained on the same batches); the family chapter 13 reads."""
+    base = {("alibi", "-"), ("rope", "none"), ("rope", "yarn")}
+    return results.read_json(RECENT_FAR, "gain.json") + [r for r in results.read_json(RECENT_FAR_BASE, "gain.json")
+                                                         if (r["encoding"], r["strategy"]) in base]
+
+
+def _lengths(lengths) -> str:
+    words = [f"{n:,}" for n in sorted(lengths)]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def recent_far_line() -> str:
+    """The newer methods on the bytes past the training length (:func:`~posenc_lab.lab.measure.far_context.far_context_family` over
+    :func:`recent_far_rows`, one family): those better than RoPE limited to its window, those the far bytes help and
+    those they hurt, each with the lengths where the verdict survives Benjamini-Hochberg."""
+    from posenc_lab.lab.measure.far_context import far_context_family
+
+    family = far_context_family(recent_far_rows())
+    methods = results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]
+    kept = family[family["label"].isin(methods) & (family["survives"] != "none")]
+
+    def named(question: str, verdict: str) -> str:
+        rows = kept[(kept["question"] == question) & (kept["verdict"] == verdict)]
+        found = [f"{findings.NAMES.get(m, m)} (at {_lengths(rows[rows['label'] == m]['eval_len'])})"
+                 for m in methods if (rows["label"] == m).any()]
+        return "; ".join(found) or "none"
+
+    reach = results.read_json(RECENT_FAR, "gain.json")[0]["reach"]
+    return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
+            f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
+            f"{named('uses the far context', 'holds')}. Hurt by them: {named('uses the far context', 'fails')}.")
+
+
+#: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
+RECENT_DIGITS, RECENT_DIGITS_BASE = "retrieval-digits-recent", "retrieval-digits-cpu"
+
+
+def recent_digits_rows() -> tuple[list[dict], list[str]]:
+    """The rows of :data:`RECENT_DIGITS` and of the baselines in :data:`RECENT_DIGITS_BASE` (the same task, recipe,
+    seeds and windows), and the newer methods in the run's order."""
+    from posenc_lab.lab.verdicts.statistics import label
+
+    base = [r for r in rows_of(RECENT_DIGITS_BASE) if label(r) in findings.BASELINES]
+    return rows_of(RECENT_DIGITS) + base, list(_spec(RECENT_DIGITS).encodings)
+
+
+def recent_digits_line() -> str:
+    """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
+    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.lab.verdicts.in_words.retrieval_against_baselines`,
+    the family chapter 13 reads), each with the lengths where the difference counts."""
+    rows, methods = recent_digits_rows()
+    learned, not_learned = findings.learned_methods(rows, methods)
+    family = findings.retrieval_against_baselines(rows, learned)
+
+    def named(against: str, outcome: str) -> str:
+        these = family[(family["against"] == against) & (family["outcome"] == outcome)]
+        found = [f"{findings.NAMES.get(m, m)} (at {', '.join(f'{k}x' for k in these[these['method'] == m]['multiple'])})"
+                 for m in learned if (these["method"] == m).any()]
+        return "; ".join(found) or "none"
+
+    def against(baseline: str, name: str) -> str:
+        return f"Against {name}, higher: {named(baseline, 'higher')}; lower: {named(baseline, 'lower')}."
+
+    train_len = _spec(RECENT_DIGITS).model.train_len
+    return (f"On chapter 9's digits task (`{RECENT_DIGITS}`: five digits copied in order, trained at {train_len} "
+            f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. "
+            f"{against('alibi', 'ALiBi')} {against('rope/yarn', 'RoPE with YaRN')} A difference in exact match "
+            "counts when every seed's exact test finds it the same way, at a 5 % false discovery rate.")
+
+
+@lru_cache(maxsize=None)
+def blocks(base: str = "") -> dict[str, str]:
+    """Every generated block by name; ``base`` goes before the links to committed results."""
+    return {"run": run_block(), "answer": answer_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
+            "recent": recent_block()}
+
+
+def generated_blocks(text: str) -> dict[str, str]:
+    """The generated blocks a document holds, by name (a name may appear once per document)."""
+    return {m.group("name"): m.group("body").removesuffix("\n") for m in _BLOCK.finditer(text)}
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+    """``text`` with each generated block replaced by its value in ``values``; an unknown block name is an error."""
+
+    def replace(m):
+        name = m.group("name")
+        if name not in values:
+            raise KeyError(f"no generated block named {name!r}; known: {', '.join(values)}")
+        return m.group(1) + values[name] + "\n" + m.group(4)
+
+    return _BLOCK.sub(replace, text)
+
+
+# ------------------------------------------------------------------------------------------ each run's README
+
+
+def _encodings(df) -> list[str]:
+    """The run's encodings (RoPE once, without its strategies), in the registry's order."""
+    return [x for x in report.HEADLINE_LABELS if x in set(df.label) and Label.parse(x).as_trained]
+
+
+def _caveats(run: str) -> list[str]:
+    rows, units, config = _load(run)
+    df = frame(rows)
+    train = int(df["train_len"].iloc[0])
+    spread = report.spread_at_training_length(rows, [x for x in COMPARED if x in set(df.label)])
+    strict = report.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("decided", 2048)]
+    usual = report.verdict_table(rows, judged_lens=(2048,))[("decided", 2048)]
+    resolved = [c for c in usual.index if not usual[c].startswith("not resolved")]
+    lost = [c for c in resolved if strict[c].startswith("not resolved")]
+    text = config.get("evaluation_text", {})
+    seconds = [u["seconds"] for u in units]
+    devices = ", ".join(sorted(set(df["device"].astype(str))))
+    out = [f"The models are short of convergence. At {train} (non-overlapping windows) {_names(spread['means'])} are "
+           f"{100 * spread['spread']:.1f} % apart in perplexity. The ALiBi paper's converged models are about 2 % "
+           f"apart.",
+           f"{_SEEDS.get(df['seed'].nunique(), 'These seeds').capitalize()} resolve only the differences the power "
+           f"column names. At alpha = 0.01, {len(lost)} of the {len(resolved)} resolved "
+           f"verdicts become \"not resolved\"" + (f": {', '.join(lost)}." if lost else "."),
+           f"\"Every scheme\" in claim 2 means the encodings of this run: {_names(_encodings(df))}."]
+    if text:
+        out.append(f"Evaluation: {text['eval_text_bytes'] / 1024:.0f} KiB from {text['eval_documents']} test "
+                   f"documents, the same bytes for every encoding. Sliding windows of length L' score their last "
+                   f"L'/2 bytes.")
+    out.append(f"Trained and evaluated on {devices}: {len(units)} units (an encoding and a seed), median "
+               f"{statistics.median(seconds):,.0f} s each, {_duration(sum(seconds))} of unit time in all.")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} hours"
+
+
+def run_readme(run: str) -> str:
+    """``results/<run>/README.md``: what made the run, the claims in words, the tables and verdicts
+    (:func:`~posenc_lab.lab.verdicts.tables.headline`), the decision rule and the caveats."""
+    rows, _, config = _load(run)
+    corpus = config.get("corpus", {})
+    what = results.RUNS[run]
+    make, _, description = what.partition(": ")
+    parts = [f"# {run}", "",
+             "Generated by `python -m posenc_lab.lab.readme` from this folder's results; `tests/test_results.py` checks "
+             "that it is in step with them.", "",
+             f"Made by `{make}`: {description}.",
+             f"Corpus: {corpus.get('source', corpus.get('corpus', 'unknown'))}.", ""]
+    if run in (HEADLINE, OTHER_RECIPE):
+        parts += [run_block(), ""]
+    parts += ["## The answer", "", findings.answer_markdown(rows), "",
+              "## The claims in words", "",
+              "Each line gives the comparison its verdict rests on, with its 95 % interval and p: a ratio of "
+              "perplexities, growth factors with the difference of their logs, or a growth factor against its line.",
+              "", findings.findings_markdown(rows), "",
+              "## Perplexity per byte and the verdicts", "",
+              "Mean ± standard deviation over the seeds; lower is better. The claims are set at 2,048, the article's "
+              "4x: claim 1a is judged at 512 itself, and the ALiBi paper's ordering at 1,024 and 2,048.", "", report.headline(rows), "",
+              *_beside_verdicts(run),
+              "## The decision rule", "", claims.RULE, "", "The declared analysis (book/analysis.md) says it at "
+              "length.", "",
+              "## Caveats", "", *(f"- {c}" for c in _caveats(run)), ""]
+    return "\n".join(parts)
+
+
+def _beside_verdicts(run: str) -> list[str]:
+    """The power of each verdict's comparison, documents as samples, and (where the seeds ran on more than one
+    device) the shift between the devices' seeds, as Markdown sections of a run's README."""
+    rows = rows_of(run)
+    power = findings.power_table(rows)
+    out = ["## What the seeds can resolve", "",
+           "Each verdict rests on one comparison in the primary mode. The last columns give the smallest difference "
+           "its t-test resolves with 80 % power at the seeds' spread, as a ratio minus 1, and why a verdict is not "
+           "resolved.", "",
+           "| claim | verdict | comparison | difference (nats) | sd over seeds | seeds | resolves with 80 % power | why |",
+           "|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r.claim} | {r.verdict} | {r.comparison} | {r.difference:+.4f} | {r.sd:.4f} | {r.seeds} | "
+            f"{100 * math.expm1(r.resolves):.2g} % | {r.why} |" for r in power.itertuples()]
+    documents = report.load_documents(results.folder(run))
+    if documents is not None:
+        docs = findings.document_table(rows, documents)
+        out += ["", "## Documents as samples", "",
+                "The same comparisons with the evaluation text's documents as a second sample: a crossed seed x "
+                "document random-effects model (statsmodels' MixedLM, REML) beside the seeds' paired t-test. It decides "
+                "nothing.", "",
+                "| claim | comparison | difference, seeds | se, seeds | difference, model | se, model | seed sd | "
+                "document sd |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['claim']} | {r['comparison']} | {r['difference']:+.4f} | {r['se seeds']:.4f} | "
+                f"{r['difference model']:+.4f} | {r['se model']:.4f} | {r['seed sd']:.4f} | {r['document sd']:.4f} |"
+                for r in docs.to_dict("records")]
+    df = frame(rows)
+    devices = df.groupby("seed")["device"].first()
+    if devices.nunique() > 1:
+        late = sorted(devices.index[devices != devices.iloc[0]])
+        shift = findings.seed_group_shift(rows, late)
+        out += ["", "## Devices", "",
+                "Seeds " + ", ".join(f"{s} ({d})" for s, d in devices.items()) + ". Where seeds ran on another "
+                "device, each comparison's mean over those seeds against the others, beside the seed-to-seed spread "
+                "of the per-seed differences (Welch's p of the shift).", "",
+                "| claim | comparison | other seeds | seeds " + ", ".join(map(str, late)) + " | shift | seed sd | p |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r['claim']} | {r['comparison']} | {r['early']:+.4f} | {r['late']:+.4f} | {r['shift']:+.4f} | "
+                f"{r['seed sd']:.4f} | {r['p']:.2g} |" for r in shift.to_dict("records")]
+    return out + [""]
+
+
+# ------------------------------------------------------------------------------------------ writing and checking
+
+
+def expected(root: Path) -> dict[Path, str]:
+    """Every generated file's expected text, by path."""
+    out = {root / doc: fill((root / doc).read_text(encoding="utf-8"), blocks(base)) for doc, base in DOCUMENTS.items()}
+    out.update({results.folder(run) / "README.md": run_readme(run) for run in RUN_READMES})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: print the two recipes' losses, then write (or ``--check``) every generated file."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the repository")
+    args = parser.parse_args(argv)
+    for run in (HEADLINE, OTHER_RECIPE):
+        print(f"{run}: mean loss at the training length over {', '.join(COMPARED)} "
+              f"{mean_loss_at_train_len(run):.3f} nats per byte ({_recipe(run)})")
+    stale = []
+    for path, text in expected(args.root).items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(text, encoding="utf-8")
+        print(f"{'stale' if path in stale and args.check else 'wrote' if path in stale else 'in step'}: {path}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
