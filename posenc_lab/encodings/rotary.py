@@ -71,7 +71,6 @@ class RoPE(Encoding):
         rope.scaled_inv_freq(method, self.rotary_dim, base=self.base, train_len=self.train_len,
                              seq_len=self.train_len, factor=factor, **options)
         self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
-        self.forget_masks()
         return self
 
     def frequencies(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:

@@ -155,10 +155,11 @@ def answer_logits(model, inputs: torch.Tensor, k: int = PASSKEY_DIGITS, *, batch
     device = torch.device(device)
     model.eval().to(device)
     out = []
+    masks: dict = {}  # the windows share one length: the masks of a bias, built once
     with flush_denormals():
         for i in range(0, len(inputs), batch_size):
             with autocast(device):
-                logits = model(inputs[i : i + batch_size].to(device))[:, -k:]
+                logits = model(inputs[i : i + batch_size].to(device), masks=masks)[:, -k:]
             out.append(logits.float().cpu())
     return torch.cat(out)
 

@@ -131,6 +131,7 @@ def _score_windows(model, stream, plan, *, length, lead_in, documents, n_docs, b
     number, per-position losses, per-document sums, offset of its first scored target, per-target losses))``."""
     batches = [plan[i : i + batch_size] for i in range(0, len(plan), batch_size)]
     scored = []
+    masks: dict = {}  # every window of this model at this length: the masks of its bias, built once
     with flush_denormals():
         # under torchrun each process scores every world-th batch; the same batches as on one process,
         # so every window's losses are bit for bit the single-process ones
@@ -139,8 +140,8 @@ def _score_windows(model, stream, plan, *, length, lead_in, documents, n_docs, b
             windows = torch.stack([stream[s : s + length + 1] for s, _ in batch]).long().to(device)
             precision = contextlib.nullcontext() if full_precision else autocast(device)
             with clear_oom(f"evaluating at length {length} with batch size {batch_size}"), precision:
-                losses = (model.token_losses(windows[:, :-1], windows[:, 1:]) if reach is None else
-                          model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach)).double().cpu()  # b n
+                losses = model.token_losses(windows[:, :-1], windows[:, 1:], reach=reach,
+                                            masks=masks).double().cpu()  # b n
             for w, (row, (start, first)) in enumerate(zip(losses, batch)):
                 per_position = row if first == 0 else None
                 per_doc = None
