@@ -17,6 +17,7 @@ import argparse
 import re
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ _LONG = 40
 _NOT_PROSE = re.compile(r"^(`{3,}|~{3,}|:{3,})\s*(\{(code-cell|code|code-block|math|raw|list-table|csv-table|"
                         r"literalinclude|bibliography|tableofcontents|mermaid)\}|[a-z0-9+-]*\s*$)")
 _FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})")
+_ITEM = re.compile(r"^([*+-]|\d+[.)])\s+")
 _END = re.compile(r"(?<=[.!?])[\"')\]*_]*\s+(?=[\"'(\[*_]*[A-Z0-9(])")
 _ABBREVIATIONS = ("e.g.", "i.e.", "et al.", "cf.", "vs.", "Fig.", "Eq.", "eq.", "approx.", "resp.", "No.")
 
@@ -63,22 +65,25 @@ def words(sentence: str) -> int:
     return sum(bool(re.search(r"[A-Za-z0-9]", t)) for t in sentence.split())
 
 
-def prose_blocks(text: str) -> list[str]:
-    """The prose of a Markdown (MyST) document as paragraphs and list items, markup reduced to words."""
-    lines = text.splitlines()
-    if lines and lines[0].strip() == "---":  # front matter
-        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
-        lines = lines[end + 1:]
-    blocks, current, skip_fence, in_math, in_comment = [], [], None, False, False
-    open_prose: list[str] = []  # fences of the prose directives (exercise, note, figure ...) now open
+def prose_lines(text: str, skip: tuple[str, ...] = ()) -> Iterator[tuple[int, str]]:
+    """The lines of a MyST document that may hold prose, as ``(offset, line)`` with each line's offset in ``text``.
 
-    def flush():
-        if current:
-            blocks.append(" ".join(current))
-            current.clear()
-
-    for raw in lines:
+    Front matter, HTML comments, code cells and other non-prose fences, display math (``$$``) and the fence and
+    option lines of a directive are left out; the text inside a prose directive (an exercise, a note, a figure
+    caption) is kept. A line that ends a paragraph (a blank line, a heading, a fence, display math, a comment, a
+    directive option, a label, ``+++``, an HTML line) comes as ``(offset, "")``. Each caller decides further what
+    counts (tables, images, footnotes). ``skip`` names further directives whose text is left out (``"glossary"``)."""
+    skip_fence, in_math, in_comment = None, False, False
+    lines = text.split("\n")
+    front = bool(lines) and lines[0].strip() == "---"
+    open_prose: list[str] = []  # the fences of the prose directives (exercise, note, figure ...) now open
+    offset = 0
+    for i, raw in enumerate(lines):
+        here, offset = offset, offset + len(raw) + 1
         line = raw.strip()
+        if front:
+            front = not (i > 0 and line == "---")
+            continue
         if in_comment:
             in_comment = "-->" not in line
             continue
@@ -90,30 +95,48 @@ def prose_blocks(text: str) -> list[str]:
             in_math = not line.endswith("$$")
             continue
         if line.startswith("<!--"):
-            flush()
             in_comment = "-->" not in line
+            yield here, ""
             continue
         if line.startswith("$$"):
-            flush()
             in_math = not (len(line) > 2 and line.endswith("$$"))
+            yield here, ""
             continue
         fence = _FENCE.match(line)
         if fence:
-            flush()
             if open_prose and line == open_prose[-1]:  # the end of a prose directive, not a code block
                 open_prose.pop()
-            elif _NOT_PROSE.match(line):
+            elif _NOT_PROSE.match(line) or any(line.startswith(f"{fence.group(1)}{{{d}}}") for d in skip):
                 skip_fence = fence.group(1)
             else:
                 open_prose.append(fence.group(1))
+            yield here, ""
             continue
-        if (not line or line.startswith(("#", "|", "<", "+++")) or re.match(r"^:[\w-]+:", line)
-                or re.match(r"^\(\S+\)=$", line) or line.startswith("[^") and "]:" in line):
+        if (not line or line.startswith(("#", "<", "+++")) or re.match(r"^:[\w-]+:", line)
+                or re.match(r"^\(\S+\)=$", line)):
+            yield here, ""
+            continue
+        yield here, raw
+
+
+def prose_blocks(text: str) -> list[str]:
+    """The prose of a Markdown (MyST) document as paragraphs and list items, markup reduced to words (tables and
+    footnote definitions left out)."""
+    blocks, current = [], []
+
+    def flush():
+        if current:
+            blocks.append(" ".join(current))
+            current.clear()
+
+    for _, raw in prose_lines(text):
+        line = raw.strip()
+        if not line or line.startswith("|") or line.startswith("[^") and "]:" in line:
             flush()
             continue
-        if re.match(r"^([*+-]|\d+[.)])\s", line):  # a list item starts a block of its own
+        if _ITEM.match(line):  # a list item starts a block of its own
             flush()
-            line = re.sub(r"^([*+-]|\d+[.)])\s+", "", line)
+            line = _ITEM.sub("", line)
         current.append(line)
     flush()
     return [_plain(b) for b in blocks if _plain(b)]

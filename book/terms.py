@@ -23,13 +23,12 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readability import _ITEM, prose_lines  # noqa: E402  the one scanner of MyST prose
+
 ROOT = Path(__file__).resolve().parents[1]
 GLOSSARY = ROOT / "book" / "glossary.md"
 
-# fenced blocks whose content is not prose (as book/readability.py reads them)
-_NOT_PROSE = re.compile(r"^(`{3,}|~{3,}|:{3,})\s*(\{(code-cell|code|code-block|math|raw|list-table|csv-table|"
-                        r"literalinclude|bibliography|tableofcontents|mermaid|glossary)\}|[a-z0-9+-]*\s*$)")
-_FENCE = re.compile(r"^(`{3,}|~{3,}|:{3,})")
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
 _BLANKED = [re.compile(p, re.S) for p in (r"!\[[^\]]*\]\([^)]*\)",  # images, alt text and all
                                           r"(?<=\])\([^)\s]*\)",      # a link's target (its text stays prose)
@@ -118,11 +117,9 @@ def checked_pages(root: Path = ROOT) -> list[Path]:
 
 def paragraphs(text: str) -> list[tuple[int, str]]:
     """The prose of a MyST page as ``(offset, paragraph)``: each paragraph's offset in ``text``; the paragraph keeps
-    its line breaks, so that an offset inside it maps back to the file."""
+    its line breaks, so that an offset inside it maps back to the file. The lines are book/readability.py's
+    (``prose_lines``, a glossary's definitions left out); a table's rule line and an image line end a paragraph, a table's rows are prose."""
     out, current, start = [], [], None
-    skip_fence, in_math, in_comment, front = None, False, False, text.startswith("---\n")
-    offset = 0
-    open_prose: list[str] = []  # the fences of the prose directives now open
 
     def flush():
         nonlocal current, start
@@ -130,46 +127,12 @@ def paragraphs(text: str) -> list[tuple[int, str]]:
             out.append((start, "\n".join(current)))
         current, start = [], None
 
-    lines = text.split("\n")
-    for i, raw in enumerate(lines):
-        here, offset = offset, offset + len(raw) + 1
+    for here, raw in prose_lines(text, skip=("glossary",)):
         line = raw.strip()
-        if front:
-            front = not (i > 0 and line == "---")
-            continue
-        if in_comment:
-            in_comment = "-->" not in line
-            continue
-        if skip_fence:
-            if line.startswith(skip_fence) and line.strip(skip_fence[0]) == "":
-                skip_fence = None
-            continue
-        if in_math:
-            in_math = not line.endswith("$$")
-            continue
-        if line.startswith("<!--"):
-            flush()
-            in_comment = "-->" not in line
-            continue
-        if line.startswith("$$"):
-            flush()
-            in_math = not (len(line) > 2 and line.endswith("$$"))
-            continue
-        fence = _FENCE.match(line)
-        if fence:
-            flush()
-            if open_prose and line == open_prose[-1]:  # the end of a prose directive (a note, an exercise)
-                open_prose.pop()
-            elif _NOT_PROSE.match(line):
-                skip_fence = fence.group(1)
-            else:
-                open_prose.append(fence.group(1))
-            continue
-        if (not line or line.startswith(("#", "<", "+++", "|---", "![")) or re.match(r"^:[\w-]+:", line)
-                or re.match(r"^\(\S+\)=$", line)):
+        if not line or line.startswith(("|---", "![")):
             flush()
             continue
-        if re.match(r"^([*+-]|\d+[.)])\s", line):
+        if _ITEM.match(line):
             flush()
         if start is None:
             start = here

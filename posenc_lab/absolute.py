@@ -2,6 +2,11 @@
 
 Sinusoidal (Vaswani et al. 2017), in the paper's interleaved convention and the book's notation:
 ``PE[m, 2i] = sin(m theta_i)``, ``PE[m, 2i+1] = cos(m theta_i)``, ``theta_i = b ** (-2i / d)`` (base ``b``).
+
+>>> import torch; from posenc_lab import absolute
+>>> table = absolute.sinusoidal_table(10, 8)  # n d
+>>> table.shape, torch.allclose(table[7], absolute.sinusoidal_shift(3, 8) @ table[4])  # PE(m + 3) = M_3 PE(m)
+(torch.Size([10, 8]), True)
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ TensorFlow code; everything else here is written in ``m - n``.
 Each bias is a pure function of the positions (plus the encoding's parameters), so the same
 function fills a materialized ``h x n x n`` tensor and, in :mod:`posenc_lab.backends`, a
 FlexAttention ``score_mod`` that never materializes one.
+
+>>> import torch; from posenc_lab import bias
+>>> slopes = bias.alibi_slopes(4)
+>>> slopes.tolist(), bias.alibi_bias(slopes, torch.arange(5), torch.arange(5)).shape
+([0.25, 0.0625, 0.015625, 0.00390625], torch.Size([4, 5, 5]))
 """
 
 from __future__ import annotations

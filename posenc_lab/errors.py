@@ -10,15 +10,34 @@ from collections.abc import Iterable
 
 
 class PosencError(ValueError):
-    """Bad input to posenc_lab: the message says what is wrong and how to fix it."""
+    """Bad input to posenc_lab: the message says what is wrong and how to fix it.
+
+    >>> from posenc_lab import PosencError, make_encoding
+    >>> make_encoding("rope", head_dim=8)
+    Traceback (most recent call last):
+    posenc_lab.errors.PosencError: encoding 'rope' needs train_len
+    >>> issubclass(PosencError, ValueError)
+    True
+    """
 
 
 class PositionOutOfRange(PosencError):
-    """A position lies past the end of a learned position table."""
+    """A position lies past the end of a learned position table.
+
+    >>> import torch; from posenc_lab import Learned
+    >>> Learned(8, max_len=4)(torch.zeros(1, 6, 8))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    posenc_lab.errors.PositionOutOfRange: learned absolute positions exist for 0..3, asked for position 5: ...
+    """
 
 
 class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite."""
+    """The training loss became NaN or infinite: a failed run, not bad input.
+
+    >>> from posenc_lab import PosencError, TrainingDiverged
+    >>> issubclass(TrainingDiverged, RuntimeError), issubclass(TrainingDiverged, PosencError)
+    (True, False)
+    """
 
 
 def unknown_name(kind: str, name: str, valid: Iterable[str]) -> PosencError:

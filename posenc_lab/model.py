@@ -71,8 +71,9 @@ class SelfAttention(nn.Module):
         """``x`` is ``b n d_model``; returns the attention output projected back to ``b n d_model``."""
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_head)
         decay = encoding.decay(x)  # b h n: a decay-gated layer's log forget values (FoX); None for every other
+        householder = encoding.householder(x)  # PaTH's transforms (w: b h n d, beta: b h n); None for every other
         y = attention(q, k, v, encoding, backend=self.backend, positions=positions, cache=cache, reach=reach,
-                      tables=tables, decay=decay)  # b h n d
+                      tables=tables, decay=decay, householder=householder)  # b h n d
         return self.proj(rearrange(y, "b h n d -> b n (h d)"))
 
 

@@ -10,8 +10,15 @@ Conventions (the book's chapter 3 derives them):
   Both give the same scores once the head dimensions are permuted accordingly.
 * Angles, cosines and sines are computed in float64 and the rotation in float32 or better,
   whatever the input dtype: at position 32,768 a float16 angle would be off by whole radians.
-* Every scaling strategy is a pure function returning ``(inv_freq, attention_factor)``; the
-  attention factor multiplies both the rotated query and the rotated key.
+* Every scaling strategy is a pure function returning ``(inv_freq, attention_factor)``, registered by name in
+  ``ROPE_SCALINGS``; the attention factor multiplies both the rotated query and the rotated key.
+
+>>> import torch; from posenc_lab import rope
+>>> {"pi", "ntk", "yarn"} <= set(rope.ROPE_SCALINGS)
+True
+>>> freqs, factor = rope.scaled_inv_freq("pi", 8, train_len=16, factor=2.0)  # PI: every frequency halved
+>>> (freqs / rope.inv_freq(8)).tolist(), factor
+([0.5, 0.5, 0.5, 0.5], 1.0)
 """
 
 from __future__ import annotations
@@ -36,6 +43,12 @@ def inv_freq(dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.floa
 
     Pair ``i`` turns by ``theta_i`` radians per position: its wavelength is ``2 pi / theta_i``
     positions, from ``2 pi`` (i = 0) up to almost ``2 pi * base`` (the last pair).
+
+    Shapes: returns ``d/2`` (``d = dim``), float64.
+
+    >>> from posenc_lab import inv_freq
+    >>> [round(f, 6) for f in inv_freq(8).tolist()]
+    [1.0, 0.1, 0.01, 0.001]
     """
     check_even("RoPE head dimension", dim)
     check_base(base)
@@ -99,6 +112,10 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
 
     The exponent is chosen so that the lowest frequency ``theta_{d/2-1}`` is divided by exactly ``s``
     (interpolated like PI) while the highest, ``theta_0 = 1``, is unchanged (extrapolated).
+
+    >>> from posenc_lab import inv_freq, ntk_base
+    >>> (inv_freq(8, ntk_base(10000.0, 4.0, 8)) / inv_freq(8))[[0, -1]].tolist()  # the fastest kept, the slowest / 4
+    [1.0, 0.25]
     """
     if dim <= 2:
         raise PosencError(f"NTK scaling needs a head dimension above 2 (its exponent is d/(d-2)), got {dim}")
@@ -144,7 +161,12 @@ def _dynamic_ntk(dim, base, factor, train_len, seq_len, slope=1.0):
 
 
 def yarn_attention_factor(factor: float) -> float:
-    """YaRN's temperature: ``sqrt(1/t) = 0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22), 1 for ``s <= 1``."""
+    """YaRN's temperature: ``sqrt(1/t) = 0.1 ln(s) + 1`` (Peng et al. 2023, eq. 22), 1 for ``s <= 1``.
+
+    >>> from posenc_lab import yarn_attention_factor
+    >>> round(yarn_attention_factor(4.0), 4), yarn_attention_factor(0.5)
+    (1.1386, 1.0)
+    """
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
@@ -341,6 +363,13 @@ def scaled_inv_freq(
     ``beta_slow``, ``ramp``, ``mscale``, ``truncate`` for YaRN; ``low_freq_factor``, ``high_freq_factor``,
     ``original_len`` for Llama 3; ``slope`` for dynamic NTK; ``short_factor``, ``long_factor``, ``mscale`` for
     LongRoPE (which reads ``seq_len`` even with a fixed ``factor``: it chooses its factors by the length).
+
+    Shapes: returns ``(inv_freq, attention_factor)``, ``inv_freq`` ``d/2`` (``d = dim``) in float64.
+
+    >>> from posenc_lab import inv_freq, scaled_inv_freq
+    >>> freqs, factor = scaled_inv_freq("yarn", 8, train_len=16, factor=4.0)
+    >>> freqs.shape, round(factor, 4), round(float(freqs[-1] / inv_freq(8)[-1]), 4)  # the slowest pair: as PI
+    (torch.Size([4]), 1.1386, 0.25)
     """
     if method not in ROPE_SCALINGS:
         raise unknown_name("RoPE scaling", method, ROPE_SCALINGS)
@@ -451,8 +480,16 @@ def apply_rope(
 ) -> torch.Tensor:
     """RoPE: rotate pair ``i`` of the vector at position ``m`` by ``m * theta_i`` and scale by ``attention_factor``.
 
-    ``x`` is ``... n d``, ``positions`` is ``n`` (or anything broadcasting to ``... n``), ``inv_freq`` is ``d/2``.
-    With this, ``<R_m q, R_n k> = Re[sum_i q_i conj(k_i) e^{i (m - n) theta_i}]`` depends on ``m - n`` only.
+    Shapes: ``x`` ``... n d`` (``b h n d``), ``positions`` ``n`` (or anything broadcasting to ``... n``),
+    ``inv_freq`` ``d/2`` -> ``... n d``.
+
+    With this, ``<R_m q, R_n k> = Re[sum_i q_i conj(k_i) e^{i (m - n) theta_i}]`` depends on ``m - n`` only:
+
+    >>> import torch; from posenc_lab import apply_rope, inv_freq
+    >>> q, k = torch.randn(2, 1, 8, dtype=torch.float64)  # one position (n = 1), head dimension 8
+    >>> def at(x, m): return apply_rope(x, torch.tensor([m]), inv_freq(8))
+    >>> torch.allclose(at(q, 7) @ at(k, 3).T, at(q, 1004) @ at(k, 1000).T)  # the score at distance 4
+    True
     """
     angles = rope_angles(positions, inv_freq)
     return rotate(x, angles.cos() * attention_factor, angles.sin() * attention_factor, layout)

@@ -75,10 +75,14 @@ def test_batch_positions_give_each_row_its_own_answer(starts, n, name, scaled):
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(b, H, n, D, generator=g) for _ in range(3))
     with torch.no_grad():
-        decay = enc.decay(torch.randn(b, n, H * D, generator=g))  # a decay-gated encoding's (FoX), None otherwise
-        together = attention(q, k, v, enc, backend="reference", positions=positions, decay=decay)
+        layer_input = torch.randn(b, n, H * D, generator=g)
+        decay = enc.decay(layer_input)  # a decay-gated encoding's (FoX), None otherwise
+        householder = enc.householder(layer_input)  # PaTH's transforms, None otherwise
+        together = attention(q, k, v, enc, backend="reference", positions=positions, decay=decay,
+                             householder=householder)
         rows = torch.cat([attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], enc, backend="reference",
-                                   positions=positions[i], decay=None if decay is None else decay[i:i + 1])
+                                   positions=positions[i], decay=None if decay is None else decay[i:i + 1],
+                                   householder=None if householder is None else tuple(t[i:i + 1] for t in householder))
                           for i in range(b)])
         torch.testing.assert_close(together, rows, rtol=1e-5, atol=1e-6)
         x = torch.randn(b, n, H * D, generator=g)

@@ -6,7 +6,6 @@ import ast
 import importlib
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest

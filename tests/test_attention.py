@@ -36,9 +36,11 @@ def encoding_for(name: str, causal: bool):
     return encoding(name, **({"bidirectional": True} if name == "t5" and not causal else {}))
 
 
-def layer_decay(enc, n):
-    """The log forget values a decay-gated encoding (FoX) reads from a layer's input; None for every other encoding."""
-    return enc.decay(torch.randn(B, n, H * D, generator=torch.Generator().manual_seed(9)))
+def layer_inputs(enc, n):
+    """What an encoding reads from a layer's input, as attention's keywords: FoX's log forget values (``decay``),
+    PaTH's transforms (``householder``); None for every other encoding."""
+    x = torch.randn(B, n, H * D, generator=torch.Generator().manual_seed(9))
+    return {"decay": enc.decay(x), "householder": enc.householder(x)}
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
@@ -49,18 +51,22 @@ def test_every_backend_matches_reference_at_any_positions_both_directions(name, 
     """Every backend reads ``positions`` (not the indices) and scores keys after the query at their own signed
     distance, in both directions. FIRE, xPos (whose decay would grow without bound for keys after the query), SSMax
     (which counts the keys a query sees causally), FoX and CoPE (a query decays or counts the keys before it) have no
-    non-causal form."""
+    non-causal form. FlexAttention computes a softmax only: stick-breaking's weights are refused."""
     enc = encoding_for(name, causal)
     q, k, v = qkv(n=64)
     p = POSITIONS[pos](64)
-    decay = layer_decay(enc, 64)
+    inputs = layer_inputs(enc, 64)
     if not causal and not enc.noncausal:
         with pytest.raises(PosencError, match="no non-causal form"):
-            attention(q, k, v, enc, backend=backend, positions=p, causal=False, decay=decay)
+            attention(q, k, v, enc, backend=backend, positions=p, causal=False, **inputs)
+        return
+    if backend == "flex" and enc.weighting != "softmax":
+        with pytest.raises(PosencError, match="^FlexAttention computes a softmax"):
+            attention(q, k, v, enc, backend=backend, positions=p, causal=causal, **inputs)
         return
     with torch.no_grad():
-        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, decay=decay)
-        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal, decay=decay)
+        ref = attention(q, k, v, enc, backend="reference", positions=p, causal=causal, **inputs)
+        got = attention(q, k, v, enc, backend=backend, positions=p, causal=causal, **inputs)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 

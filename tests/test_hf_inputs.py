@@ -34,10 +34,11 @@ def test_positions_of_one_row_serve_every_row_of_the_batch(name):
     q, k, v = _qkv()
     positions = torch.arange(5, 12)
     with torch.no_grad():
-        decay = enc.decay(torch.randn(3, 7, H * D))
+        x = torch.randn(3, 7, H * D)
+        inputs = {"decay": enc.decay(x), "householder": enc.householder(x)}  # FoX's, PaTH's; None for the others
         for backend in ("reference", "sdpa"):
-            torch.testing.assert_close(attention(q, k, v, enc, backend=backend, positions=positions[None], decay=decay),
-                                       attention(q, k, v, enc, backend=backend, positions=positions, decay=decay))
+            torch.testing.assert_close(attention(q, k, v, enc, backend=backend, positions=positions[None], **inputs),
+                                       attention(q, k, v, enc, backend=backend, positions=positions, **inputs))
         for one, every in zip(enc.rotate(q, k, positions[None]), enc.rotate(q, k, positions)):
             torch.testing.assert_close(one, every)
         x = torch.randn(3, 7, H * D)

@@ -110,7 +110,7 @@ def test_installed_wheels_read_the_results_outside_a_checkout(wheels, tmp_path):
     site = tmp_path / "site"
     for wheel in wheels:
         zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import posenc_lab; from posenc_lab import results\n"
+    probe = ("import posenc_lab; from posenc_lab.lab import results\n"
              "rows, units, config = results.load('cpu')\n"
              "print(posenc_lab.__file__); print(results.root()); print(len(rows) > 0, len(units) > 0)")
     env = {**os.environ, "PYTHONPATH": str(site)}

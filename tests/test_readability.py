@@ -84,3 +84,13 @@ def test_chapter_speaks_of_encodings_not_of_its_own_making(md):
             texts.append("".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", "")))
     hits = sorted({m.group(0) for t in texts for m in HISTORY.finditer(t)})
     assert not hits, f"{md.name} speaks of the project's history: {hits}"
+
+
+def test_prose_lines_give_each_line_at_its_offset_and_leave_out_code_math_and_comments():
+    text = ("---\nkernelspec: {}\n---\nProse one.\n<!-- a\ncomment -->\n```{code-cell} ipython3\nx = 1\n```\n"
+            "$$\na = b\n$$\n```{note}\nA note.\n```\n```{glossary}\nterm\n  Its definition.\n```\nEnd.")
+    got = list(readability.prose_lines(text, skip=("glossary",)))
+    kept = [line for _, line in got if line]
+    assert kept == ["Prose one.", "A note.", "End."]
+    assert all(text[at:at + len(line)] == line for at, line in got)
+    assert "Its definition." in [line.strip() for _, line in readability.prose_lines(text)]

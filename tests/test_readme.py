@@ -160,22 +160,55 @@ def test_readme_example_runs_as_written():
 
 
 def test_far_block_numbers_recomputed_from_the_gain_rows():
-    """The far-context sentence's ratios, from the committed gain rows with plain numpy: ALiBi's far loss with
-    full attention against RoPE's limited to the reach, paired by seed, exponentiated."""
+    """The far-context sentences' ratios, from the committed gain rows with plain numpy, paired by seed and
+    exponentiated: first each model's own gain (ALiBi's and RoPE's far loss with full attention against the same model
+    limited to the reach), then ALiBi with full attention against RoPE limited to the reach, and both limited."""
     import math
 
     import numpy as np
 
     text = readme.far_block()
+
+    def ratio(by, seeds, a, a_loss, b, b_loss):
+        return math.exp(np.mean([by[(*a, s)][a_loss] - by[(*b, s)][b_loss] for s in seeds]))
+
     for name, _ in readme.CONTEXTS.values():
-        rows = [r for r in results.read_json(name, "gain.json") if r["eval_len"] == readme.FAR_LEN and r["status"] == "ok"]
+        rows = [r for r in results.read_json(name, "gain.json")
+                if r["eval_len"] == readme.FAR_LEN and r["status"] == "ok"]
         by = {(r["encoding"], r["strategy"], r["seed"]): r for r in rows}
         seeds = sorted({r["seed"] for r in rows})
-        alibi = math.exp(np.mean([by["alibi", "-", s]["far_loss_full"] - by["rope", "none", s]["far_loss_reach"]
-                                  for s in seeds]))
-        rope = math.exp(np.mean([by["rope", "none", s]["far_loss_full"] - by["rope", "none", s]["far_loss_reach"]
-                                 for s in seeds]))
-        assert f"{alibi:.3f} times the window's" in text and f"{rope:.2f} times its own window's" in text
+        alibi, rope = ("alibi", "-"), ("rope", "none")
+        part = text.split(f"(`{name}`)")[1].split("(`")[0]
+        own = ratio(by, seeds, alibi, "far_loss_full", alibi, "far_loss_reach")
+        assert f"full attention is {own:.3f} times its own" in part  # ALiBi's own gain comes first
+        assert f"{ratio(by, seeds, rope, 'far_loss_full', rope, 'far_loss_reach'):.2f} times its own window's" in part
+        assert f"{ratio(by, seeds, alibi, 'far_loss_full', rope, 'far_loss_reach'):.3f} times the window's" in part
+        assert f"already {ratio(by, seeds, alibi, 'far_loss_reach', rope, 'far_loss_reach'):.3f}" in part
+        assert part.index("times its own with") < part.index("times the window's")
+
+
+def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat():
+    """Where the far bytes help a method whose far bytes, limited to the reach, score worse on every seed and length
+    than its whole windows at the training length, the README line says so, with those numbers recomputed here."""
+    import math
+
+    from posenc_lab.lab.measure.far_context import far_context_family
+
+    line = readme.recent_far_line()
+    family = far_context_family(readme.recent_far_rows())
+    helped = set(family[(family["question"] == "uses the far context") & (family["verdict"] == "holds")
+                        & (family["survives"] != "none")]["label"])
+    assert helped, "the committed runs have a method the far bytes help"
+    gain = [r for r in results.read_json(readme.RECENT_FAR, "gain.json") if r["status"] == "ok"]
+    train = [r for r in readme.rows_of(readme.RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == 512]
+    for method in helped:
+        limited = [math.exp(r["far_loss_reach"]) for r in gain if r["encoding"] == method]
+        logs = [math.log(r["perplexity"]) for r in train if r["encoding"] == method]
+        at_train = math.exp(sum(logs) / len(logs))
+        said = f"{findings.NAMES[method]} {min(limited):.1f} to {max(limited):.1f} against {at_train:.2f}"
+        assert (said in line) == (min(limited) > at_train), said
+    assert "repairs a broken 512-key form" in line
+    assert line.index("Helped by the far bytes") < line.index("repairs") < line.index("Hurt by them")
 
 
 def test_recent_digits_line_names_exactly_the_family_outcomes():

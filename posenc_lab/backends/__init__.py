@@ -23,6 +23,10 @@ every second position, is scored as such by every backend. Backends:
   ``n x n`` score square (a reference path, slow; ``sdpa`` is the CPU's fast one).
 * ``auto``: :func:`choose_backend` (``flex`` for biases on recent CUDA GPUs, ``sdpa`` elsewhere).
 
+>>> from posenc_lab import BACKENDS
+>>> BACKENDS
+('auto', 'reference', 'sdpa', 'flex')
+
 Causal means: query row ``r`` sees key rows ``j <= r + (n_k - n_q)`` (queries are the last rows
 of the keys, as with a key/value cache). ``reach=W`` restricts every query further to the keys less
 than ``W`` positions away (``i - j < W``; ``|i - j| < W`` when not causal): a sliding-window mask, as
@@ -113,8 +117,19 @@ def attention(
     decay: torch.Tensor | None = None,
     chunk: int | None = None,
     real_keys: torch.Tensor | None = None,
+    householder: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of ``q, k, v`` (``b h n d``) with ``encoding``'s rotation and bias; returns ``b h n d_v``.
+
+    Shapes: ``q`` ``b h n d``, ``k`` ``b h_kv n d``, ``v`` ``b h_kv n d_v``, ``positions`` ``n`` or ``b n`` ->
+    ``b h n d_v``.
+
+    >>> import torch, torch.nn.functional as F; from posenc_lab import ALiBi, attention, bias_tensor
+    >>> (q, k, v), alibi = torch.randn(3, 1, 4, 6, 8), ALiBi(4)
+    >>> mask = bias_tensor(alibi, torch.arange(6), causal=True)  # h n n, -inf on the future keys
+    >>> out = attention(q, k, v, alibi)
+    >>> out.shape, torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
+    (torch.Size([1, 4, 6, 8]), True)
 
     ``k, v`` may have ``h_kv`` heads dividing ``h`` (grouped-query attention, :func:`repeat_kv`). ``positions``: the
     tokens' absolute positions, ``n`` (default ``0 .. n-1``) or ``b n`` (Hugging Face's ``position_ids``: the same as
@@ -135,16 +150,24 @@ def attention(
     ones. Padded keys get weight zero in every backend (a per-row mask: the backends of
     :mod:`~posenc_lab.backends.tokens`); a query that sees no real key (a padded query before a row's first real
     token) gets zeros. A :class:`SinkCache` refuses it (it drops and renumbers tokens).
+
+    ``householder``: PaTH's transforms ``(w, beta)`` (``b h n d``, ``b h n``) of the new tokens, which its
+    :meth:`~posenc_lab.encodings.Encoding.householder` reads from the layer's input: logit ``(i, j)`` is then
+    ``q_i^T H_i ... H_{j+1} k_j / sqrt(d)`` (a :class:`KVCache` keeps every cached token's). An encoding whose weights
+    are not a softmax (:attr:`~posenc_lab.encodings.Encoding.weighting`: stick-breaking) has them written out by
+    ``reference`` and ``sdpa``; ``flex`` refuses it.
     """
     encoding = _NOPE if encoding is None else encoding
     reach, chunk = _check_options(backend, reach, encoding, chunk)
     _check_heads(encoding, q)
-    if decay is not None or encoding.reads_tokens or real_keys is not None:
-        # FoX's decays, CoPE's gates: logits that read the tokens; a padding mask: a mask that differs row by row
-        if chunk is not None and (decay is not None or encoding.reads_tokens):
+    if (decay is not None or householder is not None or encoding.reads_tokens or real_keys is not None
+            or encoding.weighting != "softmax"):
+        # FoX's decays, CoPE's gates, PaTH's transforms: logits that read the tokens; a padding mask: a mask that
+        # differs row by row; stick-breaking: weights written out, row by row
+        if chunk is not None and (decay is not None or householder is not None or encoding.reads_tokens):
             raise PosencError(f"encoding {encoding.name!r} reads the tokens: attention within chunks is not available to it")
         return _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay, chunk,
-                              real_keys)
+                              real_keys, householder)
     if isinstance(cache, SinkCache):
         return _attend_sink_cache(q, k, v, encoding, backend, causal, positions, cache, reach, chunk)
     if tables is not None and not tables.serves(encoding, positions):
@@ -311,8 +334,20 @@ def _check_real_keys(real_keys, q, k, cache) -> torch.Tensor | None:
     return real_keys.to(q.device)
 
 
+def _check_householder(householder, q) -> None:
+    """PaTH's ``(w, beta)``: one unit vector ``w`` (``b h n d``) and one ``beta`` (``b h n``) per batch row, query head
+    and new token."""
+    b, h, n, d = q.shape
+    if (not isinstance(householder, tuple) or len(householder) != 2
+            or tuple(householder[0].shape) != (b, h, n, d) or tuple(householder[1].shape) != (b, h, n)):
+        got = (tuple(tuple(t.shape) for t in householder) if isinstance(householder, tuple)
+               else type(householder).__name__)
+        raise PosencError(f"householder must be (w, beta) of shapes {(b, h, n, d)} and {(b, h, n)}, one per batch "
+                          f"row, query head and new token; got {got}")
+
+
 def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, tables, decay, chunk=None,
-                   real_keys=None):
+                   real_keys=None, householder=None):
     """:func:`attention` when the logits read the tokens (:mod:`~posenc_lab.backends.tokens`) or differ from row to
     row (a padding mask, ``real_keys``): the decay's running sums (continuing a :class:`KVCache`'s), then the backend
     with ``b h i j`` masks."""
@@ -320,10 +355,19 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
     if decay is None and encoding.has_decay:
         raise PosencError(f"encoding {encoding.name!r} reads the layer's input: pass decay=encoding.decay(x), the log "
                           "forget values (b, h, n) of the input x (b, n, d_model)")
-    if not causal and (decay is not None or not encoding.noncausal):
+    if householder is None and encoding.hook == "householder":
+        raise PosencError(f"encoding {encoding.name!r} reads the layer's input: pass "
+                          "householder=encoding.householder(x), its transforms (w, beta) of the input x "
+                          "(b, n, d_model)")
+    if householder is not None:
+        _check_householder(householder, q)
+    if not causal and (decay is not None or householder is not None or not encoding.noncausal):
         raise PosencError(f"encoding {encoding.name!r} has no non-causal form: a query counts or decays the keys "
                           "before it; use causal=True")
     if isinstance(cache, SinkCache):
+        if householder is not None:
+            raise PosencError("a sink cache drops tokens whose transforms the kept keys would need: decode PaTH "
+                              "with a KVCache")
         return _attend_tokens_sink(q, k, v, encoding, backend, positions, cache, reach, decay)
     if tables is not None and not tables.serves(encoding, positions):
         raise PosencError("tables serve the encoding and the positions tensor they were built for "
@@ -342,21 +386,23 @@ def _attend_tokens(q, k, v, encoding, backend, causal, positions, cache, reach, 
                               "(n,), or rows that are all the same")
         return torch.cat([_attend_tokens(q[i:i + 1], k[i:i + 1], v[i:i + 1], encoding, backend, causal, positions[i],
                                          None, reach, None, None if decay is None else decay[i:i + 1], chunk,
-                                         None if keep is None else keep[i:i + 1])
+                                         None if keep is None else keep[i:i + 1],
+                                         None if householder is None else tuple(t[i:i + 1] for t in householder))
                           for i in range(q.shape[0])])
     heads = q.shape[1]
     if cache is None:
         q, k = _rotate(encoding, q, k, positions, tables, reach, chunk)
         sums = None if decay is None else forget_sums(decay)
         return TOKEN_BACKENDS[backend](q, repeat_kv(k, heads), repeat_kv(v, heads), encoding, positions, positions,
-                                      causal, reach, sums, sums, chunk=chunk, keep=keep)
+                                      causal, reach, sums, sums, chunk=chunk, keep=keep, householder=householder)
     _check_cacheable(encoding)
     _check_cache(cache, k, v, " (model.new_cache())")
     q = _rotate_query(encoding, q, positions, tables, reach, chunk)
     k_all, v_all, k_pos = cache.append(encoding.rotate_one(k, positions, "k", tables), v, positions)
     c_q, c_k = (None, None) if decay is None else cache.continue_sums(decay)
+    householder = None if householder is None else cache.continue_householder(*householder)
     return TOKEN_BACKENDS[backend](q, repeat_kv(k_all, heads), repeat_kv(v_all, heads), encoding, positions, k_pos,
-                                  causal, reach, c_q, c_k, chunk=chunk, keep=keep)
+                                  causal, reach, c_q, c_k, chunk=chunk, keep=keep, householder=householder)
 
 
 def _attend_tokens_sink(q, k, v, encoding, backend, positions, cache: SinkCache, reach, decay):

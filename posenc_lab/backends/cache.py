@@ -17,6 +17,15 @@ def shown(positions: torch.Tensor) -> str:
 class KVCache:
     """One layer's key/value cache for incremental decoding: keys, values and their positions so far.
 
+    Shapes: ``attention(q, k, v, encoding, cache=cache)`` with the new tokens' ``q, k, v`` ``b h n d``; the cache
+    holds ``k, v`` ``b h n_cached d`` and ``positions`` ``n_cached``.
+
+    >>> import torch; from posenc_lab import KVCache, RoPE, attention
+    >>> rope, (q, k, v), cache = RoPE(8, train_len=16), torch.randn(3, 1, 2, 6, 8), KVCache()
+    >>> steps = [attention(q[:, :, [i]], k[:, :, [i]], v[:, :, [i]], rope, cache=cache) for i in range(6)]
+    >>> len(cache), torch.allclose(torch.cat(steps, dim=2), attention(q, k, v, rope), atol=1e-6)
+    (6, True)
+
     Keys are stored rotated, once, when they enter (RoPE, xPos): a cache never re-rotates them. That
     is why dynamic NTK in its ``"sequence"`` form (every key re-rotated with the current base) cannot
     be served by a cache at all: re-rotating the cached keys of the first layer would not be enough,
@@ -78,12 +87,40 @@ class KVCache:
         self.sums = new if self.sums is None else torch.cat([self.sums, new], dim=-1)
         return new, self.sums
 
+    #: PaTH's transforms ``(w, beta)`` of the cached tokens (``b h n d``, ``b h n``)
+    householder: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def continue_householder(self, w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PaTH's transforms of the new tokens, ``w`` (``b h n d``) and ``beta`` (``b h n``), appended to the cached
+        tokens' (after :meth:`append` has added their keys); returns every cached token's: a new query's logit to a
+        cached key reads the transforms of every token between them."""
+        held = 0 if self.householder is None else self.householder[1].shape[-1]
+        if held != len(self) - beta.shape[-1]:
+            raise PosencError(f"the cache holds {len(self) - beta.shape[-1]} earlier tokens but the transforms of "
+                              f"{held}: hand PaTH's transforms to every call, from the first token on, or use a new "
+                              "cache")
+        if self.householder is not None:
+            w = torch.cat([self.householder[0], w], dim=-2)
+            beta = torch.cat([self.householder[1], beta], dim=-1)
+        self.householder = (w, beta)
+        return self.householder
+
 
 class SinkCache:
     """A rolling key/value cache with attention sinks (Xiao et al. 2024, StreamingLLM): the first ``sinks``
-    tokens stay, and of the rest only the last ``window``; positions are the slots *within the cache*
-    (``0 .. size - 1``), not the tokens' positions in the stream, so a stream of any length never shows
-    the encoding a distance or a position beyond ``sinks + window``.
+    tokens stay, and of the rest only the last ``window``.
+
+    Shapes: ``attention(q, k, v, encoding, cache=cache)`` with the new tokens' ``q, k, v`` ``b h n d`` (one token
+    at a time past the capacity); the cache holds ``k, v`` ``b h (sinks + window) d`` at most.
+
+    >>> import torch; from posenc_lab import RoPE, SinkCache, attention
+    >>> rope, (q, k, v), cache = RoPE(8, train_len=16), torch.randn(3, 1, 2, 9, 8), SinkCache(window=3, sinks=1)
+    >>> for i in range(9): out = attention(q[:, :, [i]], k[:, :, [i]], v[:, :, [i]], rope, cache=cache)
+    >>> cache.k.shape, cache.seen, out.shape
+    (torch.Size([1, 2, 4, 8]), 9, torch.Size([1, 2, 1, 8]))
+
+    Positions are the slots *within the cache* (``0 .. size - 1``), not the tokens' positions in the stream, so a
+    stream of any length never shows the encoding a distance or a position beyond ``sinks + window``.
 
     Keys are stored *before* rotation and rotated with their slot positions at every step (a slot's
     position changes as the window rolls); biases are computed on the slots too. ``sinks=0`` is a

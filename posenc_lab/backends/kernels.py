@@ -31,7 +31,15 @@ MASK_BUDGET = 2 * 2**30
 def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Keys or values of ``h_kv`` heads (``b h_kv n d``) for ``heads`` query heads: query head ``i`` reads key head
     ``i // (heads / h_kv)`` (grouped-query attention, Ainslie et al. 2023; multi-query when ``h_kv = 1``), the
-    order of Hugging Face's ``repeat_kv``. Returns ``x`` itself when the numbers agree."""
+    order of Hugging Face's ``repeat_kv``. Returns ``x`` itself when the numbers agree.
+
+    Shapes: ``x`` ``b h_kv n d`` -> ``b heads n d``.
+
+    >>> import torch; from posenc_lab import repeat_kv
+    >>> k = torch.randn(1, 2, 5, 8)
+    >>> repeat_kv(k, 6).shape, torch.equal(repeat_kv(k, 6)[:, 2], k[:, 0]), torch.equal(repeat_kv(k, 6)[:, 3], k[:, 1])
+    (torch.Size([1, 6, 5, 8]), True, True)
+    """
     if x.shape[1] == heads:
         return x
     return repeat(x, "b hk n d -> b (hk g) n d", g=heads // x.shape[1])

@@ -98,7 +98,15 @@ def bias_tensor(encoding: Encoding, positions: torch.Tensor, *, causal: bool = F
     """The bias ``b[h, i, j]`` (``h n n``) of self-attention over ``positions`` (``n``), as the ``sdpa`` backend uses
     it, with ``-inf`` on the future keys when ``causal``; for positions ``b n``, one table per row (``b h n n``).
     Add it to the scores, or pass it as ``attn_mask`` to ``scaled_dot_product_attention`` (``b h n n``, or
-    ``rearrange(t, "h i j -> 1 h i j")``). None for an encoding without a bias."""
+    ``rearrange(t, "h i j -> 1 h i j")``). None for an encoding without a bias.
+
+    Shapes: ``positions`` ``n`` -> ``h n n``; ``b n`` -> ``b h n n``.
+
+    >>> import torch; from posenc_lab import ALiBi, bias_tensor
+    >>> b = bias_tensor(ALiBi(2), torch.arange(4), causal=True)
+    >>> b.shape, b[0, 3, :3].tolist(), b[0, 0, 1].item()
+    (torch.Size([2, 4, 4]), [-0.1875, -0.125, -0.0625], -inf)
+    """
     check_positions(positions)
     if positions.dim() == 2:
         rows = [bias_tensor(encoding, row, causal=causal) for row in positions]

@@ -32,6 +32,8 @@ from einops import einsum, rearrange
 
 from ..encodings import Encoding
 from ..encodings.forgetting import decay_bias
+from ..encodings.householder import path_logits
+from ..errors import PosencError
 from . import kernels, masks
 from .masks import _query_blocks, future_mask, other_chunk, out_of_reach
 
@@ -70,20 +72,33 @@ def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool
         mask = mask + encoding.bias(q_pos, k_pos).to(q.dtype)  # h i j
     if c_q is not None:
         mask = mask + decay_bias(c_q, c_k).to(q.dtype)
-    extra = encoding.token_bias(q, k, hidden)
+    extra = encoding.token_bias(q, k, hidden, q_pos, k_pos)
     if extra is not None:
         mask = mask + extra.to(q.dtype)
     return mask.masked_fill(hidden, float("-inf"))
 
 
-def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
-    """``softmax(q k^T / sqrt(d) + mask) v`` (:func:`token_mask`) with every term in float64."""
+def logits(q, k, householder=None, offset=None):
+    """``q k^T / sqrt(d)`` (``b h i j``), or with ``householder = (w, beta)`` of the key rows PaTH's
+    ``q_i^T H_i ... H_{j+1} k_j / sqrt(d)`` (:func:`~posenc_lab.encodings.householder.path_logits`; ``offset``: query
+    row ``r`` sits at key row ``r + offset``, default ``n_k - n_q``), in ``q``'s dtype."""
+    if householder is None:
+        return einsum(q, k, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+    return path_logits(q, k, *householder, offset).to(q.dtype) / math.sqrt(q.shape[-1])
+
+
+def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None,
+              householder=None):
+    """``softmax(q k^T / sqrt(d) + mask) v`` (:func:`token_mask`) with every term in float64; PaTH's logits in place
+    of ``q k^T / sqrt(d)`` with ``householder``, the encoding's :meth:`~posenc_lab.encodings.Encoding.weights` in
+    place of the softmax (stick-breaking)."""
     q64, k64 = q.double(), k.double()
     c_q, c_k = (None, None) if c_q is None else (c_q.double(), c_k.double())
-    scores = einsum(q64, k64, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+    scores = logits(q64, k64, None if householder is None else tuple(t.double() for t in householder))
     mask, blind = _seeing(token_mask(encoding, q64, k64, c_q, c_k, q_pos, k_pos, causal=causal, reach=reach,
                                      chunk=chunk, keep=keep))
-    out = einsum((scores + mask).softmax(dim=-1), v.double(), "b h i j, b h j d -> b h i d")
+    weights = encoding.weights(scores + mask, k.shape[-2] - q.shape[-2])
+    out = einsum(weights, v.double(), "b h i j, b h j d -> b h i d")
     return out.masked_fill(blind, 0.0).to(v.dtype)
 
 
@@ -94,10 +109,25 @@ def _explicit(encoding, q, k, v, c_q) -> bool:
         encoding.needs_grad() or any(t.requires_grad for t in inputs))
 
 
-def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
-    """SDPA with the :func:`token_mask` of each block of queries, each block with the keys it can see."""
+def _written_out(encoding, q, k, v, mask, scores=None, offset=None):
+    """Attention with its weights written out: ``softmax(q k^T / sqrt(d) + mask) v``, or the encoding's own
+    :meth:`~posenc_lab.encodings.Encoding.weights` (stick-breaking) of ``scores + mask`` (``scores``: PaTH's logits,
+    ``q k^T / sqrt(d)`` without), query row ``r`` at key row ``r + offset``."""
+    if scores is None and encoding.weighting == "softmax":
+        return kernels._softmax_attention(q, k, v, mask)
+    scores = (logits(q, k) if scores is None else scores) + mask
+    return torch.matmul(encoding.weights(scores, offset), v)
+
+
+def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None,
+         householder=None):
+    """SDPA with the :func:`token_mask` of each block of queries, each block with the keys it can see. Weights
+    that are not a softmax of ``q k^T / sqrt(d)`` plus the mask -- PaTH's logits (``householder``, computed once for
+    every query), stick-breaking's weights -- are written out in blocks of ``GRAD_BLOCK`` queries
+    (:func:`_written_out`), in the working dtype."""
     nq, nk = q.shape[-2], k.shape[-2]
-    explicit = _explicit(encoding, q, k, v, c_q)
+    path = None if householder is None else logits(q, k, householder)  # b h i j
+    explicit = _explicit(encoding, q, k, v, c_q) or path is not None or encoding.weighting != "softmax"
     outputs = []
     for start, stop, keys in _query_blocks(nq, nk, causal, kernels.GRAD_BLOCK if explicit else kernels.BLOCK):
         rows, cols = slice(start, stop), slice(0, keys)
@@ -107,22 +137,27 @@ def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None
                                          causal=causal, reach=reach, offset=nk - nq + start, chunk=chunk,
                                          keep=None if keep is None else keep[:, cols]))
         if explicit:
-            out = kernels._softmax_attention(qb, kb, vb, mask)
+            out = _written_out(encoding, qb, kb, vb, mask, None if path is None else path[:, :, rows, cols],
+                               nk - nq + start)
         else:
             out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
         outputs.append(out.masked_fill(blind, 0.0) if keep is not None else out)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk=None, keep=None):
+def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk=None, keep=None, householder=None):
     """The logits' extra terms as a FlexAttention ``score_mod``: the encoding's position bias (its own
-    :func:`~posenc_lab.backends.masks.score_mod`), the decay read from the captured sums, the token bias gathered."""
+    :func:`~posenc_lab.backends.masks.score_mod`), the decay read from the captured sums, the token bias gathered;
+    with ``householder``, PaTH's logits, materialised once and gathered, in place of the kernel's ``q . k``."""
     base = masks.score_mod(encoding, q_pos, k_pos) if encoding.has_bias else None
     hidden = _hidden(q_pos, k_pos, q.shape[-2], k.shape[-2], causal, reach, k.shape[-2] - q.shape[-2], q.device,
                      chunk, keep)
-    extra = encoding.token_bias(q, k, hidden)  # b h i j, or None
+    extra = encoding.token_bias(q, k, hidden, q_pos, k_pos)  # b h i j, or None
+    path = None if householder is None else logits(q, k, householder)  # b h i j
 
     def tokens(score, b, h, q_idx, kv_idx):
+        if path is not None:
+            score = path[b, h, q_idx, kv_idx]
         if base is not None:
             score = base(score, b, h, q_idx, kv_idx)
         if c_q is not None:
@@ -134,12 +169,16 @@ def token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk
     return tokens
 
 
-def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None):
+def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None,
+         householder=None):
     """FlexAttention with :func:`token_score_mod` and the causal (or within-reach, within-chunk, padded) block mask; on
     CUDA, compiled, with :func:`sdpa` as the fallback when no kernel compiles. FlexAttention gives a query that sees no
-    key zeros."""
+    key zeros. It computes a softmax only: other weights (stick-breaking's) are refused."""
+    if encoding.weighting != "softmax":
+        raise PosencError(f"FlexAttention computes a softmax, and {encoding.name!r} weighs the keys by "
+                          f"{encoding.weighting}: use backend='sdpa' (or 'reference')")
     block_mask = kernels.flex_block_mask(q_pos, k_pos, causal, reach, chunk, keep)
-    mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk, keep)
+    mod = token_score_mod(encoding, q, k, q_pos, k_pos, causal, reach, c_q, c_k, chunk, keep, householder)
     fn = kernels._flex_fn(q.device.type)
     if q.device.type != "cuda":
         with warnings.catch_warnings():  # on the CPU FlexAttention runs unfused by design (forward only)
@@ -148,7 +187,8 @@ def flex(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None
     return kernels.first_kernel_that_compiles(
         f"{encoding.name}+tokens@{q.device}",
         lambda options: fn(q, k, v, score_mod=mod, block_mask=block_mask, kernel_options=options),
-        lambda: sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, c_q, c_k, chunk=chunk, keep=keep),
+        lambda: sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach, c_q, c_k, chunk=chunk, keep=keep,
+                     householder=householder),
     )
 
 

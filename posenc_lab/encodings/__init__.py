@@ -14,15 +14,25 @@ hook          what it does                                            encodings
 Two encodings read the tokens themselves (``reads_tokens``), each through a hook of its own: ``decay`` (FoX's
 forget gates, read from the layer's input: ``sum_{l=j+1}^{i} log f_l`` added to each logit) and ``token_bias``
 (CoPE's bias, computed from the queries and keys); every layer of a model has its own parameters
-(:meth:`Encoding.for_layer`).
+(:meth:`Encoding.for_layer`). PaTH (module ``householder``) reads the layer's input too, through ``householder``:
+transforms accumulated between a key and its query, in place of ``q . k``. Stick-breaking attention (module
+``stickbreaking``) changes the weighting itself (``weighting``, ``weights``): no position signal, and a
+stick-breaking process over the keys in place of the softmax.
 
 The attention backends (:mod:`posenc_lab.backends`) only need to know how to consume a bias:
 as a tensor (``bias``), as a per-distance table (``distance_bias``) or as a FlexAttention
 ``score_mod``. A model asks its encoding once per forward pass for the :class:`Tables` its layers
 share (:meth:`Encoding.tables`). ``ENCODINGS`` maps each name to its class; :func:`make_encoding`
-builds one from the model's shape. The classes live by hook in the modules ``base`` (the hooks, NoPE),
+builds one from the model's shape:
+
+>>> from posenc_lab import ENCODINGS, ALiBi, make_encoding
+>>> ENCODINGS["alibi"] is ALiBi, make_encoding("rope", head_dim=64, train_len=512).name
+(True, 'rope')
+
+The classes live by hook in the modules ``base`` (the hooks, NoPE),
 ``embedded``, ``rotary``, ``biases``, ``randomized``, ``fourier`` (FoPE), ``scaled`` (SSMax, whose factor
-``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), and the local/global layer mixes
+``s log n`` multiplies the queries), ``forgetting`` (FoX), ``contextual`` (CoPE), ``adaptive`` (DAPE: a network of
+the logits and a base bias, through ``token_bias``), and the local/global layer mixes
 of 2025's models in ``mixes`` (whose local layers carry their own ``window`` or ``chunk``); all are documented here.
 :func:`rope_from_hf` (module ``huggingface``) builds the RoPE of a Hugging Face config's RoPE dict, by its
 ``rope_type``.
@@ -34,24 +44,28 @@ import inspect
 
 from .. import bias
 from ..errors import PosencError, unknown_name
+from .adaptive import DAPE, DAPEALiBi, DAPEFire, DAPEKerple, DAPELayer
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
 from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
 from .forgetting import FoX, FoXLayer
+from .householder import PaTH, PaTHLayer
 from .huggingface import HF_ROPE_TYPES, rope_from_hf
 from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
+from .stickbreaking import StickBreaking
 
 __all__ = [
-    "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "Encoding", "Fire", "FoPE",
+    "DYNAMIC_FORMS", "ENCODINGS", "HF_ROPE_TYPES", "PRIMARY", "ALiBi", "CoPE", "CoPELayer", "DAPE", "DAPEALiBi",
+    "DAPEFire", "DAPEKerple", "DAPELayer", "Encoding", "Fire", "FoPE",
     "FoX", "FoXLayer", "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE",
     "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax",
     "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding",
-    "position_span", "rope_from_hf", "strategies_of",
+    "position_span", "rope_from_hf", "strategies_of", "PaTH", "PaTHLayer", "StickBreaking",
 ]
 
 
@@ -60,7 +74,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
                               RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE, NoPETemperature, IRoPE,
-                              Gemma3Layers, RNoPESWA)
+                              Gemma3Layers, RNoPESWA, StickBreaking, PaTH, DAPEALiBi, DAPEKerple, DAPEFire)
 }
 
 
@@ -84,6 +98,10 @@ def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | Non
     length too), the absolute encodings ``d_model`` (the learned table ``train_len`` rows), FoX and CoPE the number
     of layers ``n_layer`` (each layer has its own gates or embeddings; default one). ``options`` go to the
     encoding's constructor (``scaling="yarn", factor=4.0`` for RoPE, ``bidirectional=True`` for T5, ...).
+
+    >>> from posenc_lab import make_encoding
+    >>> make_encoding("rope", d_model=256, num_heads=4, train_len=512, scaling="yarn", factor=4.0)
+    RoPE(head_dim=64, layout=half, base=10000.0, scaling=yarn)
     """
     if name not in ENCODINGS:
         raise unknown_name("encoding", name, ENCODINGS)

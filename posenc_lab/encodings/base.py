@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..errors import PosencError, check_positions
+
 
 @torch.compiler.disable
 def position_span(positions: torch.Tensor) -> int:
@@ -52,9 +54,23 @@ class Tables:
 
 
 class Encoding(nn.Module):
-    """Base class: every hook defaults to "do nothing" (which is NoPE)."""
+    """Base class of every encoding: each hook defaults to "do nothing" (which is NoPE).
+
+    Shapes: ``embed(x, positions)``: ``x`` ``b n d_model``; ``rotate(q, k, positions)``: ``q, k`` ``b h n d``;
+    ``bias(q_pos, k_pos)`` -> ``h i j``; ``positions`` ``n`` (or ``b n``). ``encoding(x, positions)`` calls the one
+    hook the encoding has (:meth:`forward`).
+
+    >>> import torch; from posenc_lab import Encoding
+    >>> q = torch.randn(1, 2, 5, 8)
+    >>> all(torch.equal(t, q) for t in Encoding().rotate(q, q, torch.arange(5)))
+    True
+
+    A subclass sets ``name`` and ``hook`` and overrides that hook; the attributes below say what else the
+    attention backends, a key/value cache and the experiment may ask of it.
+    """
 
     def __init__(self):
+        """Build the encoding: the class's documentation lists the arguments."""
         super().__init__()
 
     name = "nope"
@@ -77,6 +93,49 @@ class Encoding(nn.Module):
     #: True when the ``rotate`` hook reads how many keys each query sees (SSMax's ``log n``): attention then hands
     #: ``rotate`` and ``rotate_one`` the ``reach`` and ``chunk`` it applies, as keywords
     counts_keys = False
+
+    #: whether the ``rotate`` hook transforms queries and keys alike (RoPE, FoPE): then ``encoding(x, positions)``
+    #: rotates one tensor; xPos, SSMax and Llama 4's temperature treat the two differently
+    rotates_alike = False
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoding called as a module: its one hook at ``positions`` (``n`` or ``b n``; default ``0 .. n-1``,
+        ``n = x.shape[-2]``).
+
+        * ``embed``: :meth:`embed` of ``x`` (``b n d_model``) -> ``b n d_model``;
+        * ``rotate``, when queries and keys are rotated alike (``rotates_alike``: RoPE, FoPE): ``x`` (``... n d``,
+          queries or keys) rotated -> ``... n d``, each of the two tensors :meth:`rotate` returns;
+        * ``bias``: the bias ``bias(positions, positions)``, ``h n n`` (``b h n n`` for positions ``b n``), to add
+          to the scores (:func:`~posenc_lab.backends.bias_tensor` without ``causal``); ``x`` is then the positions
+          themselves (``alibi(positions)``) or the queries, of which only ``n`` is read;
+        * none (NoPE): ``x`` itself.
+
+        Any other encoding raises :class:`PosencError` naming what to call: ``rotate(q, k, positions)`` for xPos,
+        SSMax and Llama 4's temperature, ``decay(x)`` for FoX, ``token_bias`` (through ``attention``) for CoPE.
+
+        >>> import torch; from posenc_lab import ALiBi, RoPE, bias_tensor
+        >>> q, pos, rope, alibi = torch.randn(1, 2, 5, 8), torch.arange(5), RoPE(8, train_len=16), ALiBi(2)
+        >>> torch.equal(rope(q, pos), rope.rotate(q, q, pos)[0]), torch.allclose(alibi(pos), bias_tensor(alibi, pos))
+        (True, True)
+        """
+        if not x.is_floating_point() and self.hook == "bias":  # alibi(positions)
+            if positions is not None:
+                raise PosencError(f"{type(self).__name__}(positions) or {type(self).__name__}(q, positions), "
+                                  "not two tensors of positions")
+            x, positions = None, x
+        elif positions is None:
+            positions = torch.arange(x.shape[-2], device=x.device)
+        check_positions(positions)
+        if self.hook == "embed":
+            return self.embed(x, positions)
+        if self.hook == "rotate" and self.rotates_alike:
+            return self.rotate_one(x, positions, "q")
+        if self.hook == "bias":
+            return self.bias(positions, positions)
+        if self.hook == "none":
+            return x
+        what = _WHAT_TO_CALL.get(self.hook, f"attention(q, k, v, encoding), which applies its {self.hook} hook")
+        raise PosencError(f"{type(self).__name__} cannot be called on one tensor: call {what}")
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` is ``b n d_model``; returns the embeddings with position information added."""
@@ -187,13 +246,34 @@ class Encoding(nn.Module):
         encoding but a decay-gated one: no decay."""
         return None
 
-    def token_bias(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+    def token_bias(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor, q_pos: torch.Tensor | None = None,
+                   k_pos: torch.Tensor | None = None) -> torch.Tensor | None:
         """A bias ``b h i j`` computed from the queries ``q`` (``b h i d``) and keys ``k`` (``b h j d``) themselves, or
         None; ``hidden`` (``i j``, True where query ``i`` does not see key ``j``) marks the keys it must leave out
-        (CoPE counts only the keys a query sees)."""
+        (CoPE counts only the keys a query sees); ``q_pos``, ``k_pos``: the positions of those queries and keys (DAPE
+        reads a position bias beside the logits)."""
+        return None
+
+    #: how the attention weights come from the logits: ``"softmax"`` for every encoding but stick-breaking, the one
+    #: form the fused kernels (SDPA's, FlexAttention's) compute; any other is the encoding's :meth:`weights`, which
+    #: the backends compute explicitly (``reference`` in float64, ``sdpa`` in blocks of queries; ``flex`` refuses it)
+    weighting = "softmax"
+
+    def weights(self, logits: torch.Tensor, offset: int | None = None) -> torch.Tensor:
+        """The attention weights ``... i j`` of the logits ``... i j`` (``-inf`` on the keys a query does not see;
+        query row ``r`` sits at key row ``r + offset``): the softmax over the keys, unless :attr:`weighting` names
+        another form (stick-breaking)."""
+        return logits.softmax(dim=-1)
+
+    def householder(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """PaTH's transforms ``H_t = I - beta_t w_t w_t^T``, read from the layer's input ``x`` (``b n d_model``): the
+        unit vectors ``w`` (``b h n d``) and ``beta`` (``b h n``, in ``(0, 2)``), or None (every other encoding).
+        :func:`~posenc_lab.backends.attention` (``householder=``) then scores query ``i`` and key ``j <= i`` with
+        ``q_i^T H_i H_{i-1} ... H_{j+1} k_j`` in place of ``q_i . k_j``."""
         return None
 
     def extra_repr(self) -> str:
+        """The settings ``repr(encoding)`` shows after the class's name."""
         return f"hook={self.hook}"
 
     def needs_grad(self) -> bool:
@@ -201,5 +281,22 @@ class Encoding(nn.Module):
         return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 
 
+#: what an encoding that :meth:`Encoding.forward` cannot serve on one tensor asks its caller to call, by hook
+_WHAT_TO_CALL = {
+    "rotate": ".rotate(q, k, positions) (queries and keys are treated differently), or .rotate_one(x, positions, "
+              "'q' or 'k')",
+    "decay": ".decay(x) on the layer's input x (b, n, d_model) and pass it to attention(q, k, v, encoding, decay=...)",
+    "token_bias": "attention(q, k, v, encoding), which computes the bias from the queries and keys (.token_bias)",
+}
+
+
 class NoPE(Encoding):
-    """No position signal at all (Kazemnejad et al. 2023): a causal mask alone still lets a model infer position."""
+    """No position signal at all (Kazemnejad et al. 2023): a causal mask alone still lets a model infer position.
+
+    Shapes: ``nope(x, positions)`` returns ``x`` (any shape, ``b n d_model`` or ``b h n d``) as it is.
+
+    >>> import torch; from posenc_lab import NoPE
+    >>> x = torch.randn(1, 2, 5, 8)
+    >>> NoPE()(x) is x, NoPE().bias(torch.arange(5), torch.arange(5)) is None
+    (True, True)
+    """

@@ -51,6 +51,14 @@ def _per_row(bias: Callable) -> Callable:
 class ALiBi(_BiasEncoding):
     """ALiBi (Press et al. 2022): ``b[h, i, j] = -m_h |i - j|`` with fixed slopes :func:`bias.alibi_slopes`.
 
+    Shapes: ``alibi(positions)``: ``positions`` ``n`` -> the bias ``h n n`` (the ``bias`` hook);
+    ``bias(q_pos, k_pos)``: ``i``, ``j`` -> ``h i j`` (``b i``, ``b j`` -> ``b h i j``).
+
+    >>> import torch; from posenc_lab import ALiBi
+    >>> alibi = ALiBi(4)
+    >>> alibi.slopes.tolist(), alibi(torch.arange(4))[0, 3, :3].tolist()
+    ([0.25, 0.0625, 0.015625, 0.00390625], [-0.75, -0.5, -0.25])
+
     The paper defines the causal case; for non-causal attention the same ``-m_h |i - j|`` is used
     for keys on both sides of the query. ``alibi_heads=k`` puts ALiBi on the first ``k`` heads only, with the
     slopes of ``k`` heads, and slope 0 (no position) on the others (:func:`bias.partial_alibi_slopes`).
@@ -85,6 +93,14 @@ class ALiBi(_BiasEncoding):
 class T5(_BiasEncoding):
     """T5 relative bias (Raffel et al. 2020): a learned scalar per head and log-spaced distance bucket.
 
+    Shapes: ``t5(positions)``: ``positions`` ``n`` -> the bias ``h n n`` (the ``bias`` hook);
+    ``bias(q_pos, k_pos)``: ``i``, ``j`` -> ``h i j`` (``b i``, ``b j`` -> ``b h i j``).
+
+    >>> import torch; from posenc_lab import T5
+    >>> b = T5(2)(torch.arange(6))
+    >>> b.shape, torch.equal(b[:, 3, 1], b[:, 5, 3])  # one learned number per head and distance bucket
+    (torch.Size([2, 6, 6]), True)
+
     ``bidirectional=False`` (a decoder) buckets only keys at or before the query, and is defined for
     causal attention only; ``bidirectional=True`` (the encoder) has buckets for both sides.
     """
@@ -109,7 +125,17 @@ class T5(_BiasEncoding):
 
 
 class Kerple(_BiasEncoding):
-    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)``, ``r1, r2`` learned (symmetric in ``i, j``)."""
+    """KERPLE-log (Chi et al. 2022): ``b[h, i, j] = -r1_h ln(1 + r2_h |i - j|)``, ``r1, r2`` learned.
+
+    The bias is symmetric in ``i, j``.
+
+    Shapes: ``kerple(positions)``: ``positions`` ``n`` -> the bias ``h n n`` (the ``bias`` hook);
+    ``bias(q_pos, k_pos)``: ``i``, ``j`` -> ``h i j`` (``b i``, ``b j`` -> ``b h i j``).
+
+    >>> import torch; from posenc_lab import Kerple
+    >>> [round(v, 4) for v in Kerple(1)(torch.arange(3))[0, 2, :2].tolist()]  # -ln 3, -ln 2 at r1 = r2 = 1
+    [-1.0986, -0.6931]
+    """
 
     name = "kerple"
 
@@ -128,6 +154,14 @@ class Kerple(_BiasEncoding):
 
 class Fire(_BiasEncoding):
     """FIRE (Li et al. 2023): a learned MLP of the progressively normalised distance; depends on ``m`` too.
+
+    Shapes: ``fire(positions)``: ``positions`` ``n`` -> the bias ``h n n`` (the ``bias`` hook);
+    ``bias(q_pos, k_pos)``: ``i``, ``j`` -> ``h i j`` (``b i``, ``b j`` -> ``b h i j``).
+
+    >>> import torch; from posenc_lab import Fire
+    >>> b = Fire(2, train_len=16)(torch.arange(6))
+    >>> b.shape, torch.allclose(b[:, 3, 1], b[:, 5, 3])  # below the threshold L~ = 16: the distance alone
+    (torch.Size([2, 6, 6]), True)
 
     Defined for causal attention only (its normaliser ``psi(max(L~, m))`` bounds the distance to the
     keys *before* query ``m``). While every query position is at most the threshold ``L~`` (training,

@@ -77,7 +77,7 @@ class CoPELayer(Encoding):
         super().__init__()
         self.table = nn.Parameter(torch.zeros(npos_max, head_dim))  # P d
 
-    def token_bias(self, q, k, hidden):
+    def token_bias(self, q, k, hidden, q_pos=None, k_pos=None):
         return cope_bias(q, k, self.table, hidden)
 
     def extra_repr(self) -> str:
@@ -86,7 +86,17 @@ class CoPELayer(Encoding):
 
 class CoPE(CoPELayer):
     """CoPE, contextual position encoding (Golovneva et al. 2024), every layer with its own position embeddings
-    (:class:`CoPELayer`). This object holds the first layer's, and ``n_layer - 1`` more, which :meth:`for_layer`
+    (:class:`CoPELayer`).
+
+    Shapes: ``token_bias(q, k, hidden)``: ``q`` ``b h i d``, ``k`` ``b h j d``, ``hidden`` ``i j`` -> ``b h i j``;
+    :func:`~posenc_lab.backends.attention` calls it (``cope(x)`` alone is refused).
+
+    >>> import torch; from posenc_lab import CoPE
+    >>> q, hidden = torch.randn(1, 2, 5, 8), torch.ones(5, 5, dtype=torch.bool).triu(1)
+    >>> b = CoPE(8).token_bias(q, q, hidden); b.shape, b.abs().max().item()  # embeddings start at zero: NoPE
+    (torch.Size([1, 2, 5, 5]), 0.0)
+
+    This object holds the first layer's, and ``n_layer - 1`` more, which :meth:`for_layer`
     hands to the other layers; alone (outside a model) it is the first layer's. ``npos_max``: the number of
     position embeddings, the cap of ``p`` plus one: 64 is the package's choice (a count past 63 gates is read as 63,
     so no position is unseen at any length); the released code's default is the block size plus one.

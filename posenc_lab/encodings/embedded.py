@@ -10,6 +10,13 @@ from .base import Encoding
 class Sinusoidal(Encoding):
     """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); see :func:`absolute.sinusoidal_encoding`.
 
+    Shapes: ``sinusoidal(x, positions)`` (``embed``): ``x`` ``b n d_model``, ``positions`` ``n`` -> ``b n d_model``.
+
+    >>> import torch; from posenc_lab import Sinusoidal
+    >>> pe = Sinusoidal(8, token_scale=1.0)(torch.zeros(1, 3, 8))  # position 1: sin 1, cos 1, ...
+    >>> [round(v, 4) for v in pe[0, 1, :2].tolist()]
+    [0.8415, 0.5403]
+
     ``embed(x) = token_scale * x + scale * PE``. The defaults follow the recipe of the papers'
     code: Vaswani et al. (2017, sec. 3.4) multiply the token embeddings by ``sqrt(d_model)`` and add
     the unit-amplitude table (entries in ``[-1, 1]``, RMS ``1/sqrt(2)``), and so does fairseq's
@@ -48,6 +55,12 @@ class SinusoidalSmall(Sinusoidal):
 
     The amplitude variant of :class:`Sinusoidal`: both start on equal terms with a learned table
     (std 0.02), but the position signal stays fixed while the trained token embeddings grow.
+
+    Shapes: ``x`` ``b n d_model``, ``positions`` ``n`` -> ``b n d_model``.
+
+    >>> import torch; from posenc_lab import SinusoidalSmall
+    >>> round(float(SinusoidalSmall(8)(torch.zeros(1, 3, 8)).pow(2).mean().sqrt()), 4)  # RMS of the table
+    0.02
     """
 
     name, variant_of = "sinusoidal-small", "sinusoidal"
@@ -57,7 +70,15 @@ class SinusoidalSmall(Sinusoidal):
 
 
 class Learned(Encoding):
-    """A learned vector per position up to the training length (GPT-2); past it, :class:`PositionOutOfRange`."""
+    """A learned vector per position up to the training length (GPT-2); past it, :class:`PositionOutOfRange`.
+
+    Shapes: ``learned(x, positions)`` (``embed``): ``x`` ``b n d_model``, ``positions`` ``n`` -> ``b n d_model``.
+
+    >>> import torch; from posenc_lab import Learned
+    >>> learned, x = Learned(8, max_len=4), torch.zeros(1, 3, 8)
+    >>> learned(x).shape, torch.equal(learned(x)[0], learned.table.table[:3])
+    (torch.Size([1, 3, 8]), True)
+    """
 
     name, hook = "learned", "embed"
     bounded = True

@@ -81,7 +81,17 @@ class FoXLayer(Encoding):
 
 class FoX(FoXLayer):
     """FoX, the Forgetting Transformer (Lin et al. 2025): every layer its own forget gates (:class:`FoXLayer`), no
-    other position signal. This object holds the first layer's gates, and ``n_layer - 1`` more, which
+    other position signal.
+
+    Shapes: ``decay(x)``: the layer's input ``x`` ``b n d_model`` -> ``log f`` ``b h n``, which
+    ``attention(q, k, v, fox, decay=...)`` reads (``fox(x)`` alone is refused: call ``decay``).
+
+    >>> import torch; from posenc_lab import FoX
+    >>> log_f = FoX(2, 16).decay(torch.randn(1, 5, 16))
+    >>> log_f.shape, bool((log_f < 0).all())
+    (torch.Size([1, 2, 5]), True)
+
+    This object holds the first layer's gates, and ``n_layer - 1`` more, which
     :meth:`for_layer` hands to the other layers; ``decay`` alone (outside a model) is the first layer's.
     ``gate_bias`` starts every gate's ``b_f`` (0, the paper's).
     """

@@ -65,6 +65,14 @@ class FoPE(Encoding):
     """Fourier Position Embedding (Hua et al. 2024): RoPE whose pairs each carry a Fourier series, with the
     frequencies too slow to complete a period in training set to zero.
 
+    Shapes: ``fope(x, positions)`` and ``rotate_one``: ``x`` ``... n d``, ``positions`` ``n`` or ``b n`` ->
+    ``... n d``; ``rotate(q, k, positions)`` -> both.
+
+    >>> import torch; from posenc_lab import FoPE, RoPE
+    >>> x = torch.randn(1, 2, 5, 8)
+    >>> torch.allclose(FoPE(8, train_len=16, sigma=0.0, clip=False)(x), RoPE(8, train_len=16)(x))  # sigma 0: RoPE
+    True
+
     RoPE multiplies pair ``j`` of the vector at position ``m`` (as the complex number ``a + i b``) by
     ``e^(i theta_j m)``, ``theta_j = base ** (-2 j / d)``. FoPE
 
@@ -86,6 +94,7 @@ class FoPE(Encoding):
 
     name, hook, variant_of = "fope", "rotate", "rope"
     rotates_pairs = True
+    rotates_alike = True
     shape = {"head_dim": "head_dim", "train_len": "train_len"}
 
     def __init__(self, head_dim: int, *, train_len: int, base: float = 10000.0, sigma: float = 0.3, clip: bool = True,

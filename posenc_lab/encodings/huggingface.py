@@ -19,6 +19,10 @@ rope_type    scaling            training length ``train_len``, factor and option
                                 ``high_freq_factor``
 ===========  =================  ===========================================================================
 
+>>> from posenc_lab import HF_ROPE_TYPES, rope_from_hf
+>>> HF_ROPE_TYPES["linear"], rope_from_hf({"rope_type": "linear", "factor": 2.0}, 64, max_position_embeddings=4096)
+('pi', RoPE(head_dim=64, layout=half, base=10000.0, scaling=pi))
+
 ``tests/test_golden.py`` checks every type against the frequencies and attention factors transformers computes
 (``scripts/hf_rope_golden.py`` writes them).
 """
@@ -83,6 +87,12 @@ def rope_from_hf(rope_parameters: dict | None, head_dim: int, *, max_position_em
     For positions ``(b, n)``, the length-following types choose per row (as attending row by row does), where
     transformers takes the largest position of the whole batch. An unknown ``rope_type``, a missing required key
     or a key the type does not read is a :class:`PosencError` naming what is allowed.
+
+    >>> from posenc_lab import rope_from_hf
+    >>> rope = rope_from_hf({"rope_type": "yarn", "factor": 4.0, "rope_theta": 500000.0,
+    ...                      "original_max_position_embeddings": 8192}, 128, max_position_embeddings=32768)
+    >>> rope.scaling, rope.factor, rope.train_len, rope.base, round(rope.frequencies()[1], 4)
+    ('yarn', 4.0, 8192, 500000.0, 1.1386)
     """
     params = dict(rope_parameters or {})
     kind = _rope_type(params)

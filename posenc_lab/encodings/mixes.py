@@ -53,6 +53,13 @@ class NoPETemperature(NoPE):
     position ``p`` is multiplied by ``tau(p) = 1 + attn_scale * log(1 + floor((p + 1) / floor_scale))`` before the dot
     product, keys untouched (Meta's Llama 4, in its global NoPE layers).
 
+    Shapes: ``rotate(q, k, positions)``: ``q, k`` ``b h n d``, ``positions`` ``n`` -> ``q`` scaled, ``k``;
+    :meth:`temperature`: ``n`` -> ``n``.
+
+    >>> import torch; from posenc_lab import NoPETemperature
+    >>> [round(t, 4) for t in NoPETemperature(train_len=16).temperature(torch.tensor([0, 3, 7])).tolist()]
+    [1.0, 1.0693, 1.1099]
+
     ``floor_scale`` defaults to ``L / 4`` (128 at ``L = 512``), the chunk of :class:`IRoPE`'s local layers, as
     Llama 4's ``floor_scale`` equals its ``attention_chunk_size`` (8,192): the temperature is exactly 1 on the
     first chunk and takes four steps within the training length (up to ``1 + 0.1 log 5 = 1.16`` at ``p = 511``),
@@ -129,6 +136,13 @@ class Gemma3Layers(_LayerMix):
     with RoPE of base ``rope_local_base_freq = 10,000``, global layers attend to every key with RoPE of base
     ``rope_theta = 1,000,000``; layer ``l`` is global when ``(l + 1) % sliding_window_pattern == 0``.
 
+    Shapes: as :class:`RoPE`'s (the object is a local layer), ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import Gemma3Layers
+    >>> mix = Gemma3Layers(8, train_len=16)
+    >>> mix.window, [(layer.window, layer.base) for layer in (mix.for_layer(0, 4), mix.for_layer(3, 4))]
+    (4, [(4, 10000.0), (None, 1000000.0)])
+
     Gemma 3 runs five local layers to one global (``sliding_window_pattern = 6``), the global one last in each group,
     with a window of 1,024 at a 32k pretraining length. Here the default pattern is 4 (3 : 1): a model of 4 layers
     then has layers 0-2 local and layer 3 global, where 5 : 1 would leave it no global layer at all.
@@ -155,6 +169,13 @@ class IRoPE(_LayerMix):
     ``j <= i``: the first token of a chunk sees only itself), and every ``no_rope_layer_interval``-th layer attends
     to every key with no position and Llama 4's attention temperature (:class:`NoPETemperature`), 3 : 1 as in
     Llama 4: with 4 layers, layers 0-2 chunked RoPE and layer 3 global NoPE.
+
+    Shapes: as :class:`RoPE`'s (the object is a local layer), ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import IRoPE
+    >>> mix = IRoPE(8, train_len=16)
+    >>> mix.chunk, [type(mix.for_layer(layer, 4)).__name__ for layer in (0, 3)]
+    (4, ['IRoPE', 'NoPETemperature'])
 
     ``attention_chunk_size`` defaults to ``L / 4`` (128 at ``L = 512``, for the reason of :class:`Gemma3Layers`'s
     window; Llama 4: 8,192 at a 256k context) and the temperature's ``floor_scale`` to the chunk, as Llama 4's two
@@ -184,6 +205,13 @@ class RNoPESWA(_LayerMix):
     same layers without the window.
 
     ``sliding_window`` defaults to ``L / 4`` (128 at ``L = 512``), for the reason of :class:`Gemma3Layers`'s.
+
+    Shapes: as :class:`RoPE`'s (the object is a local layer), ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import RNoPESWA
+    >>> mix = RNoPESWA(8, train_len=16)
+    >>> mix.window, [mix.for_layer(layer, 4).name for layer in range(4)]
+    (4, ['rnope-swa', 'rnope-swa', 'rnope-swa', 'nope'])
     """
 
     name, variant_of = "rnope-swa", "rope"

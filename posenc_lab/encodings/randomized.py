@@ -46,7 +46,17 @@ class _Randomized:
 
 class RandomizedRoPE(_Randomized, RoPE):
     """RoPE trained with randomized positions (``_Randomized``; ``max_position`` defaults to 16 x the
-    training length)."""
+    training length).
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d`` at the positions given; a model draws them with
+    :meth:`forward_positions` (``n`` -> ``n``).
+
+    >>> import torch; from posenc_lab import RandomizedRoPE
+    >>> rope = RandomizedRoPE(8, train_len=4, max_position=64)
+    >>> drawn = rope.forward_positions(torch.arange(4), training=False)  # the same draw for every window of 4
+    >>> drawn.shape, bool((drawn.diff() > 0).all() and drawn.max() < 64)
+    (torch.Size([4]), True)
+    """
 
     name, variant_of = "rope-random", "rope"
 
@@ -58,7 +68,15 @@ class RandomizedRoPE(_Randomized, RoPE):
 class RandomizedLearned(_Randomized, Learned):
     """A learned table trained with randomized positions (``_Randomized``): the table has ``max_position``
     rows (default 16 x the training length), each trained only when drawn, so evaluation can run up to
-    ``max_position`` positions."""
+    ``max_position`` positions.
+
+    Shapes: as :class:`Learned`'s, ``x`` ``b n d_model`` -> ``b n d_model``.
+
+    >>> import torch; from posenc_lab import RandomizedLearned
+    >>> table = RandomizedLearned(8, max_len=4, max_position=64)
+    >>> table.max_positions, table(torch.zeros(1, 3, 8), torch.tensor([0, 40, 63])).shape
+    (64, torch.Size([1, 3, 8]))
+    """
 
     name, variant_of = "learned-random", "learned"
     bounded = False  # its table reaches max_position, far past the training length

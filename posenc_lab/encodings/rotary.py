@@ -12,6 +12,14 @@ from .base import Encoding, NoPE, Tables, position_span
 class RoPE(Encoding):
     """Rotary embedding with an extrapolation strategy (``scaling``) chosen at any time, e.g. at evaluation.
 
+    Shapes: ``rope(x, positions)`` and ``rotate_one``: ``x`` ``... n d`` (``b h n d``), ``positions`` ``n`` or
+    ``b n`` -> ``... n d``; ``rotate(q, k, positions)`` -> both rotated; ``d = head_dim``.
+
+    >>> import torch; from posenc_lab import RoPE, apply_rope, inv_freq
+    >>> rope, x = RoPE(8, train_len=16), torch.randn(1, 2, 5, 8)
+    >>> rope(x).shape, torch.allclose(rope(x), apply_rope(x, torch.arange(5), inv_freq(8)))
+    (torch.Size([1, 2, 5, 8]), True)
+
     ``scaling`` is a key of :data:`rope.ROPE_SCALINGS`; with ``factor=None`` the factor follows the
     sequence length (``max(1, n / train_len)``). ``dynamic-ntk`` comes in the two forms deployed
     models use (``dynamic``):
@@ -35,6 +43,7 @@ class RoPE(Encoding):
 
     name, hook = "rope", "rotate"
     rotates_pairs = True
+    rotates_alike = True
     has_strategies = True
 
     def __init_subclass__(cls, **kwargs):
@@ -119,6 +128,7 @@ class RoPE(Encoding):
         return rope.spread_tables(*self._cos_sin(positions, dtype), self.layout)
 
     def rotate(self, q, k, positions, tables=None):
+        """``q, k`` (``b h n d``) each rotated at ``positions`` (``n`` or ``b n``) by :meth:`rotate_one`."""
         return self.rotate_one(q, positions, "q", tables), self.rotate_one(k, positions, "k", tables)
 
     def rotate_one(self, x, positions, role, tables=None):
@@ -171,6 +181,7 @@ class RoPE(Encoding):
         return not self.reads_span
 
     def extra_repr(self):
+        """The head dimension, layout, base and scaling (and the partial rotation where there is one)."""
         parts = f"head_dim={self.head_dim}, layout={self.layout}, base={self.base}, scaling={self.scaling}"
         if self.rotary_dim < self.head_dim:
             parts += f", rotary_dim={self.rotary_dim}"
@@ -205,9 +216,17 @@ class PartialRoPE(RoPE):
     The first ``r = 2 round(fraction * d / 2)`` coordinates of a head of size ``d`` are rotated with
     ``theta_i = base ** (-2 i / r)``, ``i < r / 2`` -- most of RoPE's range of frequencies, from one
     radian per position down to ``base ** (-(r - 2) / r)`` (RoPE's own slowest is ``base ** (-(d - 2) / d)``),
-    in fewer and wider steps -- and the other ``d - r`` carry no position. The default ``fraction = 0.25``
-    is GPT-NeoX's (which truncates, ``r = int(d * fraction)``; the two agree whenever ``fraction * d`` is an
-    even integer). Compare :class:`PRoPE`, which keeps only the fast frequencies.
+    in fewer and wider steps -- and the other ``d - r`` carry no position.
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d``.
+
+    >>> import torch; from posenc_lab import PartialRoPE
+    >>> rope, x = PartialRoPE(8, train_len=16, fraction=0.5), torch.randn(1, 2, 5, 8)
+    >>> rope.rotary_dim, torch.equal(rope(x)[..., 4:], x[..., 4:])
+    (4, True)
+
+    The default ``fraction = 0.25`` is GPT-NeoX's (which truncates, ``r = int(d * fraction)``; the two agree
+    whenever ``fraction * d`` is an even integer). Compare :class:`PRoPE`, which keeps only the fast frequencies.
     """
 
     name, variant_of = "rope-partial", "rope"
@@ -221,6 +240,12 @@ class PartialRoPE(RoPE):
 
 class PRoPE(RoPE):
     """p-RoPE (Barbero et al. 2024): RoPE without its lowest frequencies.
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import PRoPE
+    >>> [round(f, 4) for f in PRoPE(8, train_len=16, p=0.5).frequencies()[0].tolist()]
+    [1.0, 0.1, 0.0, 0.0]
 
     Of the ``d / 2`` pairs with ``theta_i = base ** (-2 i / d)``, the ``k = round(p * d / 2)`` fastest
     (``i < k``) rotate as in RoPE and the others get ``theta_i = 0``: no rotation, no position. The
@@ -241,7 +266,14 @@ class PRoPE(RoPE):
 
 class RoPEBase500(RoPE):
     """RoPE with base 500 (Liu et al. 2023; Men et al. 2024): every pair turns faster, so all of them
-    complete a turn within a short training length; the base study's small end."""
+    complete a turn within a short training length; the base study's small end.
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import RoPEBase500
+    >>> [round(f, 4) for f in RoPEBase500(8, train_len=16).frequencies()[0].tolist()]
+    [1.0, 0.2115, 0.0447, 0.0095]
+    """
 
     name, variant_of = "rope-b500", "rope"
 
@@ -251,7 +283,14 @@ class RoPEBase500(RoPE):
 
 class RoPEBase500k(RoPE):
     """RoPE with base 500,000 (Llama 3's base; Xiong et al. 2023 raise it for long context): the slow pairs
-    turn so slowly that they never complete a turn; the base study's large end."""
+    turn so slowly that they never complete a turn; the base study's large end.
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import RoPEBase500k
+    >>> [round(f, 5) for f in RoPEBase500k(8, train_len=16).frequencies()[0].tolist()]
+    [1.0, 0.03761, 0.00141, 5e-05]
+    """
 
     name, variant_of = "rope-b500k", "rope"
 
@@ -261,10 +300,18 @@ class RoPEBase500k(RoPE):
 
 class RoPENoPELayers(RoPE):
     """RoPE in most layers, no position at all in every ``interval``-th one (SmolLM3's ``no_rope_layer_interval``;
-    Yang et al. 2025, "Rope to Nope and Back Again"): layer ``l`` (from 0) has no position when
-    ``(l + 1) % interval == 0``, so with 4 layers and ``interval = 4`` the last layer is NoPE. The
-    rotation itself is RoPE's, strategies included; :meth:`Encoding.for_layer` hands the NoPE layers an
-    encoding without hooks."""
+    Yang et al. 2025, "Rope to Nope and Back Again").
+
+    Shapes: as :class:`RoPE`'s, ``x`` ``... n d`` -> ``... n d``.
+
+    >>> from posenc_lab import RoPENoPELayers
+    >>> rope = RoPENoPELayers(8, train_len=16, interval=4)
+    >>> [rope.for_layer(layer, 4).name for layer in range(4)]
+    ['rope-nope', 'rope-nope', 'rope-nope', 'nope']
+
+    Layer ``l`` (from 0) has no position when ``(l + 1) % interval == 0``, so with 4 layers and ``interval = 4``
+    the last layer is NoPE. The rotation itself is RoPE's, strategies included; :meth:`Encoding.for_layer` hands
+    the NoPE layers an encoding without hooks."""
 
     name, variant_of = "rope-nope", "rope"
 
@@ -284,6 +331,14 @@ class RoPENoPELayers(RoPE):
 
 class XPos(Encoding):
     """xPos (Sun et al. 2022): RoPE plus a per-pair exponential decay with distance; see :func:`xpos.apply_xpos`.
+
+    Shapes: ``rotate(q, k, positions)``: ``q, k`` ``b h n d``, ``positions`` ``n`` -> ``q, k`` ``b h n d``. Queries
+    and keys are scaled apart, so ``xpos(x)`` alone is refused: call ``rotate``.
+
+    >>> import torch; from posenc_lab import XPos
+    >>> x = torch.randn(1, 2, 5, 8)
+    >>> q, k = XPos(8).rotate(x, x, torch.arange(5)); q.shape, torch.equal(q, k)
+    (torch.Size([1, 2, 5, 8]), False)
 
     ``rotate`` centres the positions of the sequence (no score changes, the powers stay small);
     ``rotate_one`` (a key/value cache, where queries and keys are scaled at different times) uses

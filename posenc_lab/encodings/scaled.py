@@ -57,6 +57,15 @@ def initial_s(train_len: int) -> float:
 class SSMax(Encoding):
     """Scalable-Softmax (Nakanishi 2025) on a base encoding (NoPE here; RoPE in :class:`SSMaxRoPE`).
 
+    Shapes: ``rotate(q, k, positions)``: ``q, k`` ``b h n d``, ``positions`` ``n`` -> ``q`` times ``s_h log n``,
+    ``k`` as the base leaves it.
+
+    >>> import torch; from posenc_lab import SSMax
+    >>> x = torch.randn(1, 2, 16, 8)
+    >>> q, k = SSMax(2, train_len=16).rotate(x, x, torch.arange(16))  # s log n = 1 at n = 16
+    >>> torch.allclose(q[:, :, 15], x[:, :, 15]), torch.allclose(q[:, :, 3], x[:, :, 3] / 2), torch.equal(k, x)
+    (True, True, True)
+
     The base's ``rotate`` hook runs first; then each query at position ``p`` of head ``h`` is multiplied by
     ``s_h log n`` (:func:`ssmax_factor`), so that the logits become ``(s_h log n) q_p . k_j / sqrt(d)`` and the
     softmax over them is the paper's ``softmax((s log n) z)``. ``n`` is the number of keys the query sees:
@@ -124,6 +133,14 @@ class SSMaxRoPE(SSMax):
 
     ``rope_options`` go to :class:`RoPE` (``base``, ``layout``, ...). The experiment evaluates it as trained
     (no RoPE extrapolation strategy): SSMax is itself the answer to longer contexts it is compared on.
+
+    Shapes: ``rotate(q, k, positions)``: ``q, k`` ``b h n d``, ``positions`` ``n`` -> ``q, k`` ``b h n d``.
+
+    >>> import torch; from posenc_lab import RoPE, SSMaxRoPE
+    >>> x, pos = torch.randn(1, 2, 16, 8), torch.arange(16)
+    >>> q, k = SSMaxRoPE(8, num_heads=2, train_len=16).rotate(x, x, pos)
+    >>> torch.equal(k, RoPE(8, train_len=16)(x, pos)), torch.allclose(q[:, :, 15], k[:, :, 15])
+    (True, True)
     """
 
     name, variant_of = "ssmax-rope", "rope"

@@ -24,9 +24,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from posenc_lab.lab import results
-from posenc_lab.lab.verdicts import claims, in_words as findings, tables as report
-from posenc_lab.lab.verdicts.statistics import frame
 from posenc_lab.lab.labels import Label
+from posenc_lab.lab.verdicts import claims, in_words, tables
+from posenc_lab.lab.verdicts.statistics import frame
 
 #: the run the README and the landing page show
 HEADLINE = "article-long-b4"
@@ -59,7 +59,7 @@ def rows_of(run: str) -> list[dict]:
 
 def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlapping") -> float:
     """:func:`~posenc_lab.lab.verdicts.in_words.mean_loss_at_train_len` of committed run ``run``."""
-    return findings.mean_loss_at_train_len(rows_of(run), labels, mode=mode)
+    return in_words.mean_loss_at_train_len(rows_of(run), labels, mode=mode)
 
 
 def _spec(run: str):
@@ -82,7 +82,7 @@ def _corpus(run: str) -> str:
 
 
 def _names(labels) -> str:
-    names = [findings.NAMES.get(x, x) for x in labels]
+    names = [in_words.NAMES.get(x, x) for x in labels]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -96,7 +96,7 @@ def run_block() -> str:
     spec = _spec(HEADLINE)
     model = spec.model
     seeds = _SEEDS.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
-    side = findings.side_by_side({HEADLINE: rows_of(HEADLINE), OTHER_RECIPE: rows_of(OTHER_RECIPE)})
+    side = in_words.side_by_side({HEADLINE: rows_of(HEADLINE), OTHER_RECIPE: rows_of(OTHER_RECIPE)})
     differ = [SHORT.get(part, part) for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
     other = (f"Under `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}, {_SEEDS.get(len(_spec(OTHER_RECIPE).seeds))}), "
              + (f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}: "
@@ -110,13 +110,13 @@ def run_block() -> str:
 @lru_cache(maxsize=None)
 def answer_block() -> str:
     """The first screen's answer: exactly :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` of the headline run."""
-    return findings.answer_markdown(rows_of(HEADLINE))
+    return in_words.answer_markdown(rows_of(HEADLINE))
 
 
 @lru_cache(maxsize=None)
 def findings_block() -> str:
     """The claims in words: exactly :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown` of the headline run."""
-    return findings.findings_markdown(rows_of(HEADLINE))
+    return in_words.findings_markdown(rows_of(HEADLINE))
 
 
 #: each claim part in a few words, for the line on prose
@@ -140,7 +140,7 @@ def _listed(items: list[str]) -> str:
 
 @lru_cache(maxsize=None)
 def _prose_side():
-    return findings.side_by_side({HEADLINE: rows_of(HEADLINE), PROSE: rows_of(PROSE)})
+    return in_words.side_by_side({HEADLINE: rows_of(HEADLINE), PROSE: rows_of(PROSE)})
 
 
 def prose_block(base: str = "") -> str:
@@ -151,7 +151,7 @@ def prose_block(base: str = "") -> str:
              f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}."]
     groups: dict[str, list[str]] = {}
     for part in differ:
-        verdict = findings.verdict_in_words(side.loc[part, (PROSE, "verdict")]).split(" (")[0]
+        verdict = in_words.verdict_in_words(side.loc[part, (PROSE, "verdict")]).split(" (")[0]
         groups.setdefault(verdict, []).append(SHORT.get(part, part))
     for verdict, parts in groups.items():
         lines.append(f"{verdict} on prose: {_listed(parts)}.")
@@ -173,29 +173,57 @@ def _read(cell) -> str:
     return f"p = {cell['p BH']:.2g} after Benjamini-Hochberg{standing}"
 
 
+def _paired_ratio(by: dict, seeds, a: tuple, a_loss: str, b: tuple, b_loss: str) -> float:
+    """``exp(mean over seeds of (a's a_loss - b's b_loss))``: a ratio of far-byte perplexities, paired by seed."""
+    return math.exp(statistics.fmean(by[(*a, s)][a_loss] - by[(*b, s)][b_loss] for s in seeds))
+
+
+def _gain_in_words(cell, who: str) -> str:
+    """What a "uses the far context" verdict says about ``who``'s gain from the far bytes."""
+    if "under 1 %" in cell["verdict"]:
+        return f"{who} gains less than 1 % from the far bytes"
+    if cell["survives"] == "none":
+        return f"whether the far bytes help {who} is not resolved"
+    return f"the far bytes help {who}" if cell["verdict"] == "holds" else f"the far bytes hurt {who}"
+
+
 @lru_cache(maxsize=None)
 def far_block() -> str:
-    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: ALiBi's far bytes
-    against RoPE limited to its last training-length keys, and plain RoPE's with full attention against its own
-    window (:func:`~posenc_lab.lab.measure.far_context.far_context_family`, seeds as samples, each run's grid adjusted as one
-    family)."""
+    """Does a model use the bytes past its training length? For each text at :data:`FAR_LEN`: first each model's own
+    gain, ALiBi's and plain RoPE's far bytes with full attention against the same model limited to its last
+    training-length keys; then the comparison, ALiBi with full attention against RoPE limited to those keys, and
+    how much of that difference is already there with both limited (:func:`~posenc_lab.lab.measure.far_context.far_context_family`,
+    seeds as samples, each run's grid adjusted as one family; the limited-to-limited ratio is a plain paired mean,
+    untested)."""
     from posenc_lab.lab.measure.far_context import far_context_family
 
     lines = []
     for name, text in CONTEXTS.values():
         rows = results.read_json(name, "gain.json")
         grid = far_context_family(rows).set_index(["question", "label", "eval_len"])
-        alibi = grid.loc[("beats the window", "alibi", FAR_LEN)]
+        alibi_own = grid.loc[("uses the far context", "alibi", FAR_LEN)]
         rope = grid.loc[("uses the far context", "rope/none", FAR_LEN)]
+        versus = grid.loc[("beats the window", "alibi", FAR_LEN)]
         reach = rows[0]["reach"]
-        window = f"RoPE's {reach}-key window"
-        if alibi["survives"] == "none" or "under 1 %" in alibi["verdict"]:
-            outcome = f"neither ALiBi nor {window} wins"
+        ok = [r for r in rows if r["eval_len"] == FAR_LEN and r["status"] == "ok"]
+        by = {(r["encoding"], r["strategy"], r["seed"]): r for r in ok}
+        seeds = sorted({r["seed"] for r in ok})
+        within = _paired_ratio(by, seeds, ("alibi", "-"), "far_loss_reach", ("rope", "none"), "far_loss_reach")
+        if versus["survives"] == "none" or "under 1 %" in versus["verdict"]:
+            outcome = f"neither ALiBi nor RoPE's {reach}-key window is ahead"
         else:
-            outcome = f"ALiBi beats {window}" if alibi["ratio"] < 1 else f"{window} beats ALiBi"
-        lines.append(f"On {text} (`{name}`), {outcome}. ALiBi's far-byte perplexity at {FAR_LEN:,} is "
-                     f"{alibi['ratio']:.3f} times the window's ({_read(alibi)}). With full attention, plain RoPE's is "
-                     f"{rope['ratio']:.2f} times its own window's ({_read(rope)}).")
+            outcome = f"ALiBi is ahead of RoPE's {reach}-key window" if versus["ratio"] < 1 else \
+                f"RoPE's {reach}-key window is ahead of ALiBi"
+        share = math.log(within) / math.log(versus["ratio"]) if versus["ratio"] != 1 else 0.0
+        where = (f"most of that difference is there within {reach} keys" if share > 0.5
+                 else "most of that difference comes from the far bytes")
+        lines.append(
+            f"On {text} (`{name}`) at {FAR_LEN:,} bytes, ALiBi's far-byte perplexity with full attention is "
+            f"{alibi_own['ratio']:.3f} times its own with {reach} keys ({_read(alibi_own)}). So "
+            f"{_gain_in_words(alibi_own, 'ALiBi')}. Plain RoPE's is {rope['ratio']:.2f} times its own window's "
+            f"({_read(rope)}): {_gain_in_words(rope, 'RoPE')}. Compared with each other, {outcome}: ALiBi's far-byte "
+            f"perplexity is {versus['ratio']:.3f} times the window's ({_read(versus)}). With both limited to {reach} "
+            f"keys the ratio is already {within:.3f}, so {where}.")
     reach = results.read_json(next(iter(CONTEXTS.values()))[0], "gain.json")[0]["reach"]
     return (f"Does a model use the bytes past its training length? Chapter 9 scores the bytes past position {reach} "
             f"of each window twice: with full attention, and with attention limited to the last {reach} keys. "
@@ -214,7 +242,7 @@ def recent_rows() -> tuple[list[dict], list[str]]:
     from posenc_lab.lab.verdicts.statistics import label
 
     methods = list(_spec(RECENT).encodings)
-    base = [r for r in rows_of(RECENT_BASE) if label(r) in findings.BASELINES]
+    base = [r for r in rows_of(RECENT_BASE) if label(r) in in_words.BASELINES]
     return rows_of(RECENT) + base, methods
 
 
@@ -223,12 +251,12 @@ def recent_block() -> str:
     """The methods of 2024-26 against ALiBi and RoPE with YaRN at :data:`RECENT_LEN`, non-overlapping windows
     (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of chapter 13's table)."""
     rows, methods = recent_rows()
-    table = findings.against_baselines(rows, methods)
+    table = in_words.against_baselines(rows, methods)
     seeds = len(_spec(RECENT).seeds)
     lines = [f"Chapter 13 trains nine methods of 2024–26 with `{RECENT_BASE}`'s recipe ({_corpus(RECENT)}, {seeds} "
              f"seeds, `{RECENT}`). Their perplexity at {RECENT_LEN:,} bytes, as a ratio to the baseline's, in "
              "non-overlapping windows:"]
-    lines += [f"- {findings.against_in_words(table, b, RECENT_LEN)}" for b in findings.BASELINES]
+    lines += [f"- {in_words.against_in_words(table, b, RECENT_LEN)}" for b in in_words.BASELINES]
     lines.append(f"- {recent_far_line()}")
     lines.append(f"- {recent_digits_line()}")
     lines.append("A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
@@ -265,14 +293,41 @@ def recent_far_line() -> str:
 
     def named(question: str, verdict: str) -> str:
         rows = kept[(kept["question"] == question) & (kept["verdict"] == verdict)]
-        found = [f"{findings.NAMES.get(m, m)} (at {_lengths(rows[rows['label'] == m]['eval_len'])})"
+        found = [f"{in_words.NAMES.get(m, m)} (at {_lengths(rows[rows['label'] == m]['eval_len'])})"
                  for m in methods if (rows["label"] == m).any()]
         return "; ".join(found) or "none"
 
     reach = results.read_json(RECENT_FAR, "gain.json")[0]["reach"]
+    helped = kept[(kept["question"] == "uses the far context") & (kept["verdict"] == "holds")]
     return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
             f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
-            f"{named('uses the far context', 'holds')}. Hurt by them: {named('uses the far context', 'fails')}.")
+            f"{named('uses the far context', 'holds')}.{recent_repair_caveat(set(helped['label']))} Hurt by them: "
+            f"{named('uses the far context', 'fails')}.")
+
+
+def recent_repair_caveat(helped) -> str:
+    """The caveat chapter 13 puts on a method the far bytes help: where that method's far bytes, limited to the last
+    ``reach`` keys, score a higher perplexity on every seed and length than its whole windows at the training length
+    (:data:`RECENT`, non-overlapping windows, the seeds' geometric mean), its limited form is broken, and part of the
+    help repairs it. Empty when no helped method is such."""
+    import numpy as np
+
+    rows = [r for r in results.read_json(RECENT_FAR, "gain.json") if r["status"] == "ok"]
+    train = [r for r in rows_of(RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == r["train_len"]]
+    parts = []
+    for method in results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]:
+        if method not in helped:
+            continue
+        limited = [math.exp(r["far_loss_reach"]) for r in rows if r["encoding"] == method]
+        at_train = math.exp(np.mean([math.log(r["perplexity"]) for r in train if r["encoding"] == method]))
+        if min(limited) > at_train:
+            parts.append(f"{in_words.NAMES.get(method, method)} {min(limited):.1f} to {max(limited):.1f} against "
+                         f"{at_train:.2f}")
+    if not parts:
+        return ""
+    reach, train_len = rows[0]["reach"], rows[0]["train_len"]
+    return (f" Part of that help repairs a broken {reach}-key form (chapter 13). Limited to {reach} keys, their far "
+            f"bytes score a higher perplexity than their whole {train_len:,}-byte windows do: {'; '.join(parts)}.")
 
 
 #: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
@@ -284,7 +339,7 @@ def recent_digits_rows() -> tuple[list[dict], list[str]]:
     seeds and windows), and the newer methods in the run's order."""
     from posenc_lab.lab.verdicts.statistics import label
 
-    base = [r for r in rows_of(RECENT_DIGITS_BASE) if label(r) in findings.BASELINES]
+    base = [r for r in rows_of(RECENT_DIGITS_BASE) if label(r) in in_words.BASELINES]
     return rows_of(RECENT_DIGITS) + base, list(_spec(RECENT_DIGITS).encodings)
 
 
@@ -293,12 +348,12 @@ def recent_digits_line() -> str:
     fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.lab.verdicts.in_words.retrieval_against_baselines`,
     the family chapter 13 reads), each with the lengths where the difference counts."""
     rows, methods = recent_digits_rows()
-    learned, not_learned = findings.learned_methods(rows, methods)
-    family = findings.retrieval_against_baselines(rows, learned)
+    learned, not_learned = in_words.learned_methods(rows, methods)
+    family = in_words.retrieval_against_baselines(rows, learned)
 
     def named(against: str, outcome: str) -> str:
         these = family[(family["against"] == against) & (family["outcome"] == outcome)]
-        found = [f"{findings.NAMES.get(m, m)} (at {', '.join(f'{k}x' for k in these[these['method'] == m]['multiple'])})"
+        found = [f"{in_words.NAMES.get(m, m)} (at {', '.join(f'{k}x' for k in these[these['method'] == m]['multiple'])})"
                  for m in learned if (these["method"] == m).any()]
         return "; ".join(found) or "none"
 
@@ -341,16 +396,16 @@ def fill(text: str, values: dict[str, str]) -> str:
 
 def _encodings(df) -> list[str]:
     """The run's encodings (RoPE once, without its strategies), in the registry's order."""
-    return [x for x in report.HEADLINE_LABELS if x in set(df.label) and Label.parse(x).as_trained]
+    return [x for x in tables.HEADLINE_LABELS if x in set(df.label) and Label.parse(x).as_trained]
 
 
 def _caveats(run: str) -> list[str]:
     rows, units, config = _load(run)
     df = frame(rows)
     train = int(df["train_len"].iloc[0])
-    spread = report.spread_at_training_length(rows, [x for x in COMPARED if x in set(df.label)])
-    strict = report.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("decided", 2048)]
-    usual = report.verdict_table(rows, judged_lens=(2048,))[("decided", 2048)]
+    spread = tables.spread_at_training_length(rows, [x for x in COMPARED if x in set(df.label)])
+    strict = tables.verdict_table(rows, judged_lens=(2048,), alpha=0.01)[("decided", 2048)]
+    usual = tables.verdict_table(rows, judged_lens=(2048,))[("decided", 2048)]
     resolved = [c for c in usual.index if not usual[c].startswith("not resolved")]
     lost = [c for c in resolved if strict[c].startswith("not resolved")]
     text = config.get("evaluation_text", {})
@@ -390,14 +445,14 @@ def run_readme(run: str) -> str:
              f"Corpus: {corpus.get('source', corpus.get('corpus', 'unknown'))}.", ""]
     if run in (HEADLINE, OTHER_RECIPE):
         parts += [run_block(), ""]
-    parts += ["## The answer", "", findings.answer_markdown(rows), "",
+    parts += ["## The answer", "", in_words.answer_markdown(rows), "",
               "## The claims in words", "",
               "Each line gives the comparison its verdict rests on, with its 95 % interval and p: a ratio of "
               "perplexities, growth factors with the difference of their logs, or a growth factor against its line.",
-              "", findings.findings_markdown(rows), "",
+              "", in_words.findings_markdown(rows), "",
               "## Perplexity per byte and the verdicts", "",
               "Mean ± standard deviation over the seeds; lower is better. The claims are set at 2,048, the article's "
-              "4x: claim 1a is judged at 512 itself, and the ALiBi paper's ordering at 1,024 and 2,048.", "", report.headline(rows), "",
+              "4x: claim 1a is judged at 512 itself, and the ALiBi paper's ordering at 1,024 and 2,048.", "", tables.headline(rows), "",
               *_beside_verdicts(run),
               "## The decision rule", "", claims.RULE, "", "The declared analysis (book/analysis.md) says it at "
               "length.", "",
@@ -409,7 +464,7 @@ def _beside_verdicts(run: str) -> list[str]:
     """The power of each verdict's comparison, documents as samples, and (where the seeds ran on more than one
     device) the shift between the devices' seeds, as Markdown sections of a run's README."""
     rows = rows_of(run)
-    power = findings.power_table(rows)
+    power = in_words.power_table(rows)
     out = ["## What the seeds can resolve", "",
            "Each verdict rests on one comparison in the primary mode. The last columns give the smallest difference "
            "its t-test resolves with 80 % power at the seeds' spread, as a ratio minus 1, and why a verdict is not "
@@ -418,9 +473,9 @@ def _beside_verdicts(run: str) -> list[str]:
            "|---|---|---|---|---|---|---|---|"]
     out += [f"| {r.claim} | {r.verdict} | {r.comparison} | {r.difference:+.4f} | {r.sd:.4f} | {r.seeds} | "
             f"{100 * math.expm1(r.resolves):.2g} % | {r.why} |" for r in power.itertuples()]
-    documents = report.load_documents(results.folder(run))
+    documents = tables.load_documents(results.folder(run))
     if documents is not None:
-        docs = findings.document_table(rows, documents)
+        docs = in_words.document_table(rows, documents)
         out += ["", "## Documents as samples", "",
                 "The same comparisons with the evaluation text's documents as a second sample: a crossed seed x "
                 "document random-effects model (statsmodels' MixedLM, REML) beside the seeds' paired t-test. It decides "
@@ -434,7 +489,7 @@ def _beside_verdicts(run: str) -> list[str]:
     devices = df.groupby("seed")["device"].first()
     if devices.nunique() > 1:
         late = sorted(devices.index[devices != devices.iloc[0]])
-        shift = findings.seed_group_shift(rows, late)
+        shift = in_words.seed_group_shift(rows, late)
         out += ["", "## Devices", "",
                 "Seeds " + ", ".join(f"{s} ({d})" for s, d in devices.items()) + ". Where seeds ran on another "
                 "device, each comparison's mean over those seeds against the others, beside the seed-to-seed spread "

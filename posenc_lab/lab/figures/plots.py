@@ -26,7 +26,7 @@ from posenc_lab.lab.verdicts.statistics import frame, label
 from posenc_lab.lab.labels import Label
 
 # one fixed colour per curve, the same in every figure: encodings first, then RoPE's strategies (tab20), then
-# what was added later (tab20b), so that a new name never changes the colour of an old one
+# what was added later (tab20b, tab20c), so that a new name never changes the colour of an old one
 _FIRST = ("nope", "sinusoidal", "sinusoidal-small", "learned", "xpos", "alibi", "t5", "kerple", "fire")
 _FIRST_SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
 # the names that came next, in the order that gave them their colours; anything newer follows them
@@ -46,12 +46,13 @@ def use_theme() -> None:
 
 
 def color(name: str):
-    """The fixed colour of an encoding or ``rope/<strategy>`` (tab20 for the first twenty names, then tab20b)."""
+    """The fixed colour of an encoding or ``rope/<strategy>`` (tab20 for the first twenty names, then tab20b and
+    tab20c)."""
     import matplotlib
 
     key = name if name in _ORDER else Label.parse(name).encoding
     index = _ORDER.index(key) if key in _ORDER else len(_ORDER)
-    colours = matplotlib.colormaps["tab20"].colors + matplotlib.colormaps["tab20b"].colors
+    colours = sum((matplotlib.colormaps[m].colors for m in ("tab20", "tab20b", "tab20c")), ())
     return colours[index % len(colours)]
 
 

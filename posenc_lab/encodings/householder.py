@@ -1,0 +1,152 @@
+"""PaTH (Yang et al. 2025): position as Householder-like transforms read from the tokens, accumulated between a key
+and the query that reads it.
+
+Every token ``t`` of a layer's input ``x_t`` gives each head a transform
+
+    H_t = I - beta_t w_t w_t^T,     w_t = normalize(U V x_t),     beta_t = 2 sigmoid(a . x_t + c)  in (0, 2),
+
+with ``V`` (``r x d_model``) and ``U`` (``h d x r``) a low-rank projection (``r = 32``, as in the authors'
+layer) and ``a, c`` one gate per head. Query ``i`` and key ``j <= i`` are scored with the transforms of the tokens
+after the key, up to the query, the latest one next to the query:
+
+    logit_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d)       (the key's own token and earlier ones: none).
+
+Every ``beta`` at 0 gives ``q_i . k_j``: NoPE. ``beta = 2`` makes ``H_t`` a reflection (orthogonal); ``beta = 1`` a
+projection that removes ``w_t`` from the key. Fixed vectors (the same ``w, beta`` at every token) give
+``(H)^(i-j)``: a score that depends on ``i - j`` alone, as RoPE's (two reflections in a row are a rotation). The
+order (the latest transform next to the query) is the authors' reference (``naive_path_attn`` in
+fla-org/flash-linear-attention); the package checks it against an explicit product in float64
+(tests/test_path.py).
+
+:func:`path_logits` computes the products without forming a matrix: for each query it walks back from its own key
+to the first, applying one ``H_t`` a key (``u <- H_t u``, ``O(d)`` per pair), ``O(n^2 d)`` per head in all, in
+``n`` steps that each move every query at once. A key/value cache keeps each token's ``w, beta``
+(:meth:`~posenc_lab.backends.KVCache.continue_householder`), so a new query walks back through the cached tokens
+as a whole forward pass does.
+
+Departures from the authors' layer (``PaTHAttention`` in fla-org/flash-linear-attention): no short convolution
+over ``w`` (theirs, kernel 3 with SiLU, reads the two tokens before; here ``w_t`` reads ``x_t`` alone, so a cache
+needs no convolution state), no QK-norm; one transform per query head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import nn
+
+from ..errors import PosencError
+from .base import Encoding
+
+
+def householder_vectors(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor, gate: torch.Tensor,
+                        gate_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w_t = normalize(U V x_t)`` (``b h n d``) and ``beta_t = 2 sigmoid(a . x_t + c)`` (``b h n``) of the layer's
+    input ``x`` (``b n d_model``), with ``V`` = ``down`` (``r d_model``), ``U`` = ``up`` (``h d r``), ``a`` = ``gate``
+    (``h d_model``) and ``c`` = ``gate_bias`` (``h``); float32 at least (float64 for float64 inputs)."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    low = einsum(x, down.to(x.dtype), "b n m, r m -> b n r")
+    w = einsum(low, up.to(x.dtype), "b n r, h d r -> b h n d").to(work)
+    logits = einsum(x, gate.to(x.dtype), "b n m, h m -> b h n").to(work)
+    return F.normalize(w, dim=-1), 2 * torch.sigmoid(logits + rearrange(gate_bias.to(work), "h -> 1 h 1"))
+
+
+def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                offset: int | None = None) -> torch.Tensor:
+    """``s_rj = q_r^T H_{m} H_{m-1} ... H_{j+1} k_j`` (``b h i j``, unscaled) with ``m = r + offset`` the key row of
+    query row ``r`` (default ``offset = n_k - n_q``: the queries are the last rows of the keys), ``H_t = I - beta_t
+    w_t w_t^T`` from ``w`` (``b h n_k d``) and ``beta`` (``b h n_k``), one per key row; 0 for the keys after a
+    query. Computed in float32 at least.
+
+    Each query walks back from its own key: ``u_{r,m} = q_r``, ``u_{r,j-1} = H_j u_{r,j}``, and ``s_rj = u_{r,j} .
+    k_j`` (``H`` is symmetric, so ``u_{r,j} = H_{j+1} ... H_m q_r``)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    offset = nk - nq if offset is None else offset
+    work = torch.promote_types(q.dtype, torch.float32)
+    q, k, w, beta = q.to(work), k.to(work), w.to(work), beta.to(work)
+    own = torch.arange(nq, device=q.device) + offset  # the key row of each query
+    last = min(nk, nq + offset)  # keys from here on come after every query
+    u = torch.zeros_like(q)  # b h i d
+    columns = []
+    for j in range(last - 1, -1, -1):
+        u = torch.where(rearrange(own == j, "i -> i 1"), q, u)  # the query at key row j starts its walk here
+        columns.append(einsum(u, k[:, :, j], "b h i d, b h d -> b h i"))
+        w_j = w[:, :, j]  # b h d
+        along = einsum(u, w_j, "b h i d, b h d -> b h i") * rearrange(beta[:, :, j], "b h -> b h 1")
+        u = u - rearrange(along, "b h i -> b h i 1") * rearrange(w_j, "b h d -> b h 1 d")
+    scores = torch.stack(columns[::-1], dim=-1) if columns else q.new_zeros(*q.shape[:-1], 0)
+    return F.pad(scores, (0, nk - scores.shape[-1]))
+
+
+class PaTHLayer(Encoding):
+    """One layer's PaTH transforms (Yang et al. 2025), read from the layer's input by :meth:`householder`
+    (:func:`householder_vectors`). The projections start normal with standard deviation 0.02 and the gates'
+    biases at 0, so every ``beta`` starts near 1. Causal attention only: a key is transformed by the tokens after
+    it."""
+
+    name, hook = "path", "householder"
+    reads_tokens = True
+    noncausal = False
+
+    def __init__(self, num_heads: int, d_model: int, head_dim: int, *, rank: int = 32):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise PosencError(f"PaTH needs a positive rank for its projection of w, got rank={rank!r}")
+        super().__init__()
+        self.down = nn.Parameter(0.02 * torch.randn(rank, d_model))  # r d_model
+        self.up = nn.Parameter(0.02 * torch.randn(num_heads, head_dim, rank))  # h d r
+        self.gate = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
+        self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # h
+
+    @property
+    def num_heads(self) -> int:
+        """One transform per head and token."""
+        return self.gate.shape[0]
+
+    def householder(self, x):
+        if x.dim() != 3 or x.shape[-1] != self.down.shape[-1]:
+            raise PosencError(f"PaTH's transforms read the layer's input (b, n, {self.down.shape[-1]}), got "
+                              f"{tuple(x.shape)}")
+        return householder_vectors(x, self.down, self.up, self.gate, self.gate_bias)
+
+    def forward(self, x, positions=None):
+        raise PosencError("PaTH cannot be called on one tensor: call attention(q, k, v, encoding, "
+                          "householder=encoding.householder(x)) with the layer's input x (b, n, d_model)")
+
+    def extra_repr(self) -> str:
+        heads, head_dim, rank = self.up.shape
+        return f"hook=householder, {heads} heads x {head_dim}, rank {rank}"
+
+
+class PaTH(PaTHLayer):
+    """PaTH (Yang et al. 2025): every layer its own transforms (:class:`PaTHLayer`), no other position signal. This
+    object holds the first layer's, and ``n_layer - 1`` more, which :meth:`for_layer` hands to the other layers;
+    alone (outside a model) it is the first layer's. ``rank``: of the projection that gives ``w`` (32, the authors').
+
+    Shapes: ``householder(x)``: ``x`` ``b n d_model`` -> ``w`` ``b h n d``, ``beta`` ``b h n``; then
+    ``attention(q, k, v, path, householder=(w, beta))`` with ``q, k, v`` ``b h n d``.
+
+    >>> import torch; from posenc_lab import PaTH, attention
+    >>> path, x = PaTH(2, 16), torch.randn(1, 5, 16)
+    >>> w, beta = path.householder(x); w.shape, beta.shape, bool(((0 < beta) & (beta < 2)).all())
+    (torch.Size([1, 2, 5, 8]), torch.Size([1, 2, 5]), True)
+    >>> q, k, v = torch.randn(3, 1, 2, 5, 8)
+    >>> attention(q, k, v, path, householder=(w, beta)).shape
+    torch.Size([1, 2, 5, 8])
+    """
+
+    variant_of = "rope"  # a rotation-like transform of the score, accumulated over the tokens in between
+    shape = {"num_heads": "num_heads", "d_model": "d_model", "head_dim": "head_dim", "n_layer": "n_layer"}
+
+    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32):
+        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+            raise PosencError(f"PaTH needs a positive number of layers, got n_layer={n_layer!r}")
+        head_dim = d_model // num_heads if head_dim is None else head_dim
+        super().__init__(num_heads, d_model, head_dim, rank=rank)
+        self.later = nn.ModuleList(PaTHLayer(num_heads, d_model, head_dim, rank=rank) for _ in range(n_layer - 1))
+
+    def for_layer(self, layer: int, n_layer: int) -> Encoding:
+        if n_layer != len(self.later) + 1:
+            raise PosencError(f"this PaTH has transforms for {len(self.later) + 1} layers, the model has {n_layer}: "
+                              f"build it with n_layer={n_layer}")
+        return self if layer == 0 else self.later[layer - 1]
