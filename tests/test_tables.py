@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from posenc_lab import PosencError, attention, make_encoding
+from posenc_lab import ENCODINGS, PosencError, attention, make_encoding
 from posenc_lab.backends import KVCache, bias_tensor
 
 H, D, N, TRAIN_LEN = 4, 8, 12, 8
@@ -402,3 +402,14 @@ def test_an_evaluation_builds_the_masks_of_its_length_once(name, monkeypatch):
         windows = stream[:-1].view(8, 32), stream[1:].view(8, 32)
         want = model.token_losses(*windows).double().mean().item()
     assert result["loss"] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_every_encoding_takes_an_evaluations_masks(name):
+    """Every encoding's ``tables`` takes the caller's ``masks``: two passes handed one dict equal a pass without."""
+    model, ids = gpt(name).eval(), IDS[:, :TRAIN_LEN]
+    with torch.no_grad():
+        masks = {}
+        first, again, alone = model(ids, masks=masks), model(ids, masks=masks), model(ids)
+    torch.testing.assert_close(first, alone, rtol=0, atol=0)
+    torch.testing.assert_close(again, alone, rtol=0, atol=0)

@@ -93,10 +93,11 @@ class RoPE(Encoding):
                                              seq_len=n if reads else None, factor=self.factor, **self.scaling_options)
         return freqs * (torch.arange(freqs.shape[-1]) < self.kept_pairs), factor
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, shared: dict | None = None) -> Tables:
         """The spread ``cos, sin`` tables of ``positions`` (:meth:`spread_tables`) in float32 or better, for every
-        layer of a forward pass."""
-        return Tables(self, positions, rotation=self.spread_tables(positions, torch.promote_types(dtype, torch.float32)))
+        layer of a forward pass (``shared``: as :meth:`Encoding.tables`)."""
+        return Tables(self, positions, rotation=self.spread_tables(positions, torch.promote_types(dtype, torch.float32)),
+                      shared=shared)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos`` and ``sin`` tables (``n d/2``) in ``dtype``, attention factor included."""
