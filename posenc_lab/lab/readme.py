@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line: print the two recipes' losses, then write (or ``--check``) every generated file."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file differs")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the repository")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2], help="the repository")
     args = parser.parse_args(argv)
     for run in (HEADLINE, OTHER_RECIPE):
         print(f"{run}: mean loss at the training length over {', '.join(COMPARED)} "

@@ -40,7 +40,7 @@ def git_commit() -> str:
     ``POSENC_GIT_COMMIT`` names it where the source travelled without its repository (a copy on a lent GPU)."""
     if os.environ.get("POSENC_GIT_COMMIT"):
         return os.environ["POSENC_GIT_COMMIT"]
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[2]  # the package, posenc_lab/
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
         if commit.returncode:
