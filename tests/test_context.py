@@ -145,7 +145,7 @@ def test_planted_line_keeps_its_document_parseable():
 
 def test_digit_hits_read_the_last_positions():
     class Echo(torch.nn.Module):  # predicts the next byte as the current byte + 1
-        def forward(self, x):
+        def forward(self, x, masks=None):
             return F.one_hot((x + 1) % 256, 256).float()
 
     inputs = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
@@ -166,7 +166,7 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     assert pk.choose(logits, pk.DIGIT_BYTES).tolist() == [[ord("3"), ord("4"), ord("5")]] * 2
 
     class Fixed(torch.nn.Module):
-        def forward(self, x):
+        def forward(self, x, masks=None):
             return logits[:, :1].expand(len(x), x.shape[1], 256)
 
     keys = torch.tensor([[ord("3")] * 3, [ord("7")] * 3])
@@ -175,17 +175,17 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     assert among.tolist() == [[True] * 3, [False] * 3]
 
 
-def test_the_context_module_still_offers_the_names_of_its_measurements():
-    """``context.<name>`` reaches the gain's and the passkey's names, the very objects of their own modules."""
+def test_the_measurements_of_the_context_runs_live_in_their_own_modules():
+    """The gain's and the passkey's names are defined in ``measure.far_context`` and ``measure.passkey``, where every
+    import names them (``tests/test_architecture.py``); the context module is the run, its presets and its report."""
     from posenc_lab.lab.measure import far_context as gn
 
-    for module, names in ((gn, ["THRESHOLD", "NGRAM", "far_repeats", "gain", "gain_table", "windowed_verdicts",
-                                "far_context_family"]),
-                          (pk, ["PASSKEY_DIGITS", "PasskeyText", "plant_line", "question", "statement_lines",
-                                "passkey_windows", "answer_logits", "choose", "passkey_table"])):
+    for module, names in ((gn, ["far_repeats", "gain", "gain_table", "windowed_verdicts", "far_context_family"]),
+                          (pk, ["PasskeyText", "plant_line", "question", "statement_lines", "passkey_windows",
+                                "answer_logits", "choose", "passkey_table"])):
         for name in names:
-            assert getattr(cx, name) is getattr(module, name), f"context.{name}"
-    assert not hasattr(cx, "answer_hits") and not hasattr(cx, "DIGITS")  # one meaning per name: see retrieval's
+            assert getattr(module, name).__module__ == module.__name__, name
+    assert not hasattr(cx, "far_repeats") and not hasattr(cx, "answer_hits") and not hasattr(cx, "DIGITS")
 
 
 @pytest.mark.slow
