@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # outputs compared by nbval), the .md/.ipynb pairing, the Colab install cell, the built book in a headless browser;
 # the slowest tests are listed at the end
 test: env mathjax
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # nbval on every chapter in .venv, cell by cell (make test runs each chapter alone instead)
 test-notebooks: env

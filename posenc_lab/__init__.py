@@ -13,7 +13,8 @@ The core needs torch and einops only. Its public names:
   ``decay`` hook) and ``CoPE`` (contextual positions from the queries and keys, the ``token_bias`` hook), DAPE on a
   base bias (``DAPEALiBi``, ``DAPEKerple``, ``DAPEFire``: a network of the logits and the bias, ``token_bias``), the
   local/global layer mixes ``Gemma3Layers``, ``IRoPE``, ``RNoPESWA`` with Llama 4's ``NoPETemperature``, ``PaTH``
-  (Householder-like transforms of the layer's input, accumulated between key and query: the ``householder`` hook)
+  (Householder-like transforms of the layer's input, accumulated between key and query: the ``householder`` hook;
+  ``PaTHFoX`` with FoX's gates too)
   and ``StickBreaking`` (stick-breaking weights in place of the softmax, no position signal: ``weighting``);
 * attention: ``attention(q, k, v, encoding)`` over the ``BACKENDS``, grouped-query and a padding mask (``real_keys``)
   included; ``KVCache`` and ``SinkCache`` for decoding; ``bias_tensor(encoding, positions)``, the ``h n n`` bias to add to your own scores;
@@ -30,7 +31,8 @@ from . import absolute, bias, rope
 from .backends import BACKENDS, KVCache, SinkCache, attention, bias_tensor, repeat_kv
 from .encodings import (ENCODINGS, HF_ROPE_TYPES, ALiBi, CoPE, DAPEALiBi, DAPEFire, DAPEKerple,
                         Encoding, Fire, FoPE, FoX, Gemma3Layers, IRoPE, Kerple,
-                        Learned, NoPE, NoPETemperature, PartialRoPE, PaTH, PRoPE, RandomizedLearned, RandomizedRoPE,
+                        Learned, NoPE, NoPETemperature, PartialRoPE, PaTH, PaTHFoX,
+                        PRoPE, RandomizedLearned, RandomizedRoPE,
                         RNoPESWA, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, Sinusoidal, SinusoidalSmall, SSMax,
                         SSMaxRoPE, StickBreaking, T5, XPos, make_encoding, rope_from_hf)
 from .errors import PosencError, PositionOutOfRange, TrainingDiverged
@@ -41,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ALiBi", "BACKENDS", "CoPE", "DAPEALiBi", "DAPEFire", "DAPEKerple",
     "ENCODINGS", "Encoding", "Fire", "FoPE", "FoX", "Gemma3Layers", "HF_ROPE_TYPES", "IRoPE",
-    "KVCache", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PaTH", "PartialRoPE", "PosencError",
+    "KVCache", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PaTH", "PaTHFoX", "PartialRoPE", "PosencError",
     "PositionOutOfRange",
     "RNoPESWA", "ROPE_SCALINGS", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k",
     "RoPENoPELayers", "SSMax", "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "SinkCache", "StickBreaking", "T5",

@@ -31,3 +31,19 @@ def _training_is_marked_slow(request, monkeypatch):
     yield
     if steps:
         pytest.fail(f"{request.node.nodeid} takes {len(steps)} training steps: mark it slow", pytrace=False)
+
+
+# fixtures shared by a module's tests that are cheap enough to build once per worker
+_SPREAD = {"colab"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two workers (pytest-xdist, ``--dist loadgroup``). A test that uses a costly module-scoped
+    fixture (the built book, a trained run, the wheels) joins its module's group, so that the fixture is built once,
+    on one worker; the other tests, the chapters run alone among them, are spread over both workers."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        shared = [name for name in item.fixturenames
+                  if name not in _SPREAD and defs.get(name) and defs[name][-1].scope in ("module", "session")]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab import KVCache, PaTH, PosencError, SinkCache, attention, make_encoding
-from posenc_lab.encodings.householder import householder_vectors, path_logits
+from posenc_lab.encodings.householder import householder_vectors, path_logits, path_logits_blocked
 from posenc_lab.model import GPT, GPTConfig
 
 B, H, N, D = 2, 3, 10, 4
@@ -57,6 +57,21 @@ def test_logits_are_the_papers_product_of_transforms_written_out(nq):
     seen = torch.isfinite(expected)
     torch.testing.assert_close(got[seen], expected[seen], rtol=1e-12, atol=1e-12)
     assert (got[~seen] == 0).all()
+
+
+@pytest.mark.parametrize("n,block", [(37, 8), (32, 16), (16, 4), (5, 8), (17, 16)])
+def test_the_blocked_computation_equals_the_walk(n, block):
+    """Blocks of queries and keys, the product across whole blocks as ``d x d`` matrices: the walk's numbers, whether
+    ``n`` is a multiple of the block or not; and their gradients."""
+    q, k, _ = (t.requires_grad_() for t in qkv(n=n, d=6, seed=n))
+    w, beta = (t.requires_grad_() for t in transforms(n=n, d=6, seed=n + 1))
+    walked = path_logits(q, k, w, beta)
+    blocked = path_logits_blocked(q, k, w, beta, block)
+    torch.testing.assert_close(blocked, walked, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(walked.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((walked * weights).sum(), (q, k, w, beta)),
+                    torch.autograd.grad((blocked * weights).sum(), (q, k, w, beta))):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
 
 
 def test_attention_is_the_softmax_of_the_papers_logits():
@@ -281,3 +296,81 @@ def test_registered_as_a_variant_of_rope_with_its_own_transforms_in_every_layer(
     assert enc.up.shape == (4, 8, 8) and len(enc.later) == 2 and enc.for_layer(2, 3) is enc.later[1]
     with pytest.raises(PosencError, match="build it with n_layer=4"):
         enc.for_layer(0, 4)
+
+
+def test_the_diagnostics_recompute_each_layers_path_weights():
+    """:func:`diagnostics.attention_weights` reads each layer's transforms: its weights times the values are the
+    layer's attention."""
+    from einops import rearrange
+
+    from posenc_lab.lab.measure import diagnostics
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="path", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
+    with torch.no_grad():
+        for layer in (model.encoding, *model.encoding.later):
+            layer.up.mul_(50.0)
+            layer.gate_bias.normal_(0.0, 1.0)
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    for i, (block, w, x) in enumerate(zip(model.blocks, diagnostics.attention_weights(model, idx),
+                                          diagnostics._layer_inputs(model, idx))):
+        enc = model.encoding.for_layer(i, 2)
+        q, k, v = rearrange(block.attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=2)
+        with torch.no_grad():
+            want = attention(q, k, v, enc, backend="reference", householder=enc.householder(x))
+            plain = attention(q, k, v, None, backend="reference")
+        torch.testing.assert_close(w @ v.detach(), want, rtol=1e-5, atol=1e-5)
+        assert (want - plain).abs().max() > 1e-4  # the transforms matter (small weights at the start: a little)
+
+
+# --------------------------------------------------------------------------------------------- PaTH-FoX
+
+
+def test_path_fox_logits_are_the_product_plus_the_gates_sum_both_divided_by_sqrt_d():
+    """``(q_i^T H_i ... H_{j+1} k_j + sum_{l=j+1}^{i} log f_l) / sqrt(d)``, the gates ``f_l = sigmoid(w_f . x_l +
+    b_f)``, written out token by token in float64, against every backend."""
+    from posenc_lab import PaTHFoX
+
+    enc = PaTHFoX(H, 12, D)
+    with torch.no_grad():
+        enc.w_f.normal_(0.0, 0.5)
+        enc.b_f.normal_(1.0, 0.5)
+    x = torch.randn(B, N, 12, dtype=torch.float64)
+    q, k, v = qkv()
+    with torch.no_grad():
+        w, beta = enc.householder(x)
+    w_f, b_f = enc.w_f.detach().double(), enc.b_f.detach().double()
+    log_f = torch.zeros(B, H, N, dtype=torch.float64)
+    for bi in range(B):
+        for h in range(H):
+            for t in range(N):
+                log_f[bi, h, t] = math.log(1 / (1 + math.exp(-float(w_f[h] @ x[bi, t] + b_f[h]))))
+    sums = log_f.cumsum(-1)
+    expected = ((paper_logits(q, k, w, beta, 0) + sums[..., :, None] - sums[..., None, :]) / math.sqrt(D)).softmax(-1)
+    with torch.no_grad():
+        inputs = {"householder": (w, beta), "decay": enc.decay(x)}  # FoX's gates are float32 (log_forget)
+    torch.testing.assert_close(inputs["decay"].double(), log_f / math.sqrt(D), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(attention(q, k, v, enc, backend="reference", **inputs), expected @ v,
+                               rtol=1e-6, atol=1e-6)
+    for backend in ("sdpa", "flex"):
+        got = attention(q.float(), k.float(), v.float(), enc, backend=backend,
+                        **{name: tuple(t.float() for t in value) if isinstance(value, tuple) else value.float()
+                           for name, value in inputs.items()})
+        torch.testing.assert_close(got.double(), expected @ v, rtol=1e-5, atol=1e-5)
+    with pytest.raises(PosencError, match="pass decay=encoding.decay"):
+        attention(q, k, v, enc, householder=(w, beta))
+
+
+def test_path_fox_generates_the_same_with_and_without_a_cache():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="path-fox", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
+    with torch.no_grad():
+        for layer in (model.encoding, *model.encoding.later):
+            layer.up.mul_(50.0)
+            layer.b_f.normal_(0.0, 1.0)
+    assert all(layer.has_decay for layer in (model.encoding, *model.encoding.later))
+    prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
+    cached, cached_logits = model.generate(prompt, 20, cache=True, return_logits=True)
+    full, full_logits = model.generate(prompt, 20, cache=False, return_logits=True)
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)

@@ -228,3 +228,70 @@ def test_recent_digits_line_names_exactly_the_family_outcomes():
             these = family[(family["against"] == baseline) & (family["outcome"] == outcome)]
             expected = {(findings.NAMES.get(m, m), int(k)) for m, k in zip(these["method"], these["multiple"])}
             assert {(n.strip(), k) for n, k in named} == expected, (baseline, outcome)
+
+
+def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
+    """The recent block's quality at 512 (each method over RoPE's and ALiBi's perplexity there) and growth (each
+    model's perplexity at every longer length over its own at 512), recomputed with pandas from the committed rows:
+    the seeds' geometric mean in non-overlapping windows. Every name with numbers in the two lines is checked, and
+    every method (and the baselines' growth) appears; the recipe's caveat carries the run's layers, steps and bytes;
+    the claim that no method grows less than ALiBi is checked against the same table."""
+    import numpy as np
+    import pandas as pd
+
+    names = {**findings.NAMES, "rope/none": "RoPE"}
+    new = results.rows(readme.RECENT)
+    methods = sorted({r["encoding"] for r in new})
+    base = [r for r in results.rows(readme.RECENT_BASE) if (r["encoding"], r["strategy"]) in
+            {("alibi", "-"), ("rope", "none"), ("rope", "yarn"), ("nope", "-")}]
+    df = pd.DataFrame(new + base)
+    df = df[(df["eval_mode"] == "nonoverlapping") & (df["status"] == "ok")]
+    df["who"] = np.where(df["strategy"].isin(["-", ""]), df["encoding"], df["encoding"] + "/" + df["strategy"])
+    assert set(df.groupby("who")["seed"].nunique()) == {3}  # every geometric mean is over the same three seeds
+    ppl = np.exp(df.pivot_table(index="who", columns="eval_len", values="perplexity",
+                                aggfunc=lambda x: np.log(x).mean()))
+    rope, alibi = ppl.loc["rope/none", 512], ppl.loc["alibi", 512]
+
+    block = readme.generated_blocks(README.read_text(encoding="utf-8"))["recent"]
+    quality = block.split("- Quality at the training length")[1].split("\n")[0]
+    growth = block.split("- Growth past the training length")[1].split("\n")[0]
+
+    # a name with its numbers follows ": ", ", " or " and " (no name holds a comma or a colon)
+    pair = re.compile(r"(?:: |, | and )([^,:]+?) (\d\.\d\d)/(\d\.\d\d)(?![/\d])")
+    said = {n: (a, b) for n, a, b in pair.findall(quality.split("The others")[1])}
+    best = ppl.loc[methods, 512].idxmin()
+    assert f"{names[best]} has the lowest perplexity, {ppl.loc[best, 512] / rope:.2f} of RoPE's and " \
+           f"{ppl.loc[best, 512] / alibi:.2f} of ALiBi's" in quality
+    expected = {names[m]: (f"{ppl.loc[m, 512] / rope:.2f}", f"{ppl.loc[m, 512] / alibi:.2f}")
+                for m in methods if m != best}
+    assert said == expected
+    assert f"ALiBi is already {alibi / rope:.2f} times RoPE at 512" in quality
+    assert f"NoPE, the base of SSMax and Llama 4's temperature, {ppl.loc['nope', 512] / rope:.2f} times" in quality
+    config = results.load(readme.RECENT)[2]["spec"]
+    tokens = config["training"]["steps"] * config["training"]["batch_size"] * config["model"]["train_len"]
+    assert (f"({config['model']['n_layer']} layers, {config['training']['steps']} steps on {tokens / 1e6:.1f} M "
+            "bytes)") in quality
+
+    own = ppl.div(ppl[512], axis=0)[[1024, 2048, 8192]]
+    triple = re.compile(r"(?:: |, | and )([^,:]+?) (\d\.\d\d)/(\d\.\d\d)/(\d\.\d\d)")
+    said = {n: tuple(g) for n, *g in triple.findall(growth)}
+    expected = {names[m]: tuple(f"{own.loc[m, n]:.2f}" for n in own.columns)
+                for m in methods + ["alibi", "rope/none", "rope/yarn"]}
+    assert said == expected
+    assert "at 1,024/2,048/8,192 over its own at 512" in growth
+    flat = [names[m] for m in own.sort_values(8192).index if own.loc[m].max() <= 1.01 and m != "nope"]
+    band = growth.split("At most 1 % at any length")[1].split(". ")[0]
+    assert [n for n, *_ in triple.findall(band)] == flat  # least growth to 8,192 first
+
+    tests = block.split("- The tests, at 8,192")[1].split("\n")[0]
+    grows_less = [m for m in methods if (own.loc[m] < own.loc["alibi"]).any()]
+    assert ("No method grows less than ALiBi at any length" in tests) == (not grows_less)
+    assert f"RoPE with YaRN grows {own.loc['rope/yarn', 8192]:.2f} times by 8,192" in tests
+    # the methods the tested line puts lower than YaRN at 8,192: is most of each gap (log scale) YaRN's growth?
+    lower = tests.split("Against RoPE with YaRN at 8,192, lower: ")[1].split(";")[0]
+    by_name = {names[m]: m for m in methods}
+    shares = [np.log(own.loc[by_name[n], 8192] / own.loc["rope/yarn", 8192])
+              / np.log(ppl.loc[by_name[n], 8192] / ppl.loc["rope/yarn", 8192])
+              for n in re.findall(r"([^,]+?) \(\d\.\d\d\)(?:, |$)", lower)]
+    assert shares
+    assert ("for each method lower than it there, most of the gap is that growth" in tests) == (min(shares) > 0.5)

@@ -95,9 +95,9 @@ def test_the_first_query_attends_to_nothing_unless_it_sees_itself(attend_current
     torch.testing.assert_close(out[:, :, 0], first if attend_current else torch.zeros_like(first))
 
 
-@pytest.mark.parametrize("options", [{}, {"reach": 5}, {"positions": torch.arange(N) + 77}, {"grouped": True},
-                                     {"real_keys": True}, {"attend_current": True}],
-                         ids=["plain", "reach", "offset", "grouped", "padded", "attend-current"])
+@pytest.mark.parametrize("options", [{}, {"reach": 5}, {"chunk": 4}, {"positions": torch.arange(N) + 77},
+                                     {"grouped": True}, {"real_keys": True}, {"attend_current": True}],
+                         ids=["plain", "reach", "chunk", "offset", "grouped", "padded", "attend-current"])
 def test_sdpa_backend_equals_reference(options):
     options = dict(options)
     enc = StickBreaking(attend_current=options.pop("attend_current", False))
@@ -167,3 +167,22 @@ def test_registered_with_its_option_and_not_among_the_primary_encodings():
     assert make_encoding("stick-breaking", attend_current=True).attend_current
     with pytest.raises(PosencError, match="attend_current must be True or False"):
         StickBreaking(attend_current=1)
+
+
+def test_the_diagnostics_recompute_each_layers_stick_breaking_weights():
+    """:func:`diagnostics.attention_weights` gives the stick-breaking weights (rows summing to less than one), whose
+    product with the values is the layer's attention."""
+    from einops import rearrange
+
+    from posenc_lab.lab.measure import diagnostics
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="stick-breaking", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
+    for block, w, x in zip(model.blocks, diagnostics.attention_weights(model, idx),
+                           diagnostics._layer_inputs(model, idx)):
+        assert (w.sum(-1) < 1).all() and (w.triu(0) == 0).all()  # the query's own key and later ones: nothing
+        q, k, v = rearrange(block.attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=2)
+        with torch.no_grad():
+            want = attention(q, k, v, model.encoding, backend="reference")
+        torch.testing.assert_close(w @ v.detach(), want, rtol=1e-5, atol=1e-5)

@@ -32,7 +32,7 @@ from einops import einsum, rearrange
 
 from ..encodings import Encoding
 from ..encodings.forgetting import decay_bias
-from ..encodings.householder import path_logits
+from ..encodings.householder import path_logits, path_logits_blocked
 from ..errors import PosencError
 from . import kernels, masks
 from .masks import _query_blocks, future_mask, other_chunk, out_of_reach
@@ -78,13 +78,15 @@ def token_mask(encoding: Encoding, q, k, c_q, c_k, q_pos, k_pos, *, causal: bool
     return mask.masked_fill(hidden, float("-inf"))
 
 
-def logits(q, k, householder=None, offset=None):
+def logits(q, k, householder=None, *, walk=False):
     """``q k^T / sqrt(d)`` (``b h i j``), or with ``householder = (w, beta)`` of the key rows PaTH's
-    ``q_i^T H_i ... H_{j+1} k_j / sqrt(d)`` (:func:`~posenc_lab.encodings.householder.path_logits`; ``offset``: query
-    row ``r`` sits at key row ``r + offset``, default ``n_k - n_q``), in ``q``'s dtype."""
+    ``q_i^T H_i ... H_{j+1} k_j / sqrt(d)``, in ``q``'s dtype: block by block for a whole sequence
+    (:func:`~posenc_lab.encodings.householder.path_logits_blocked`), or with ``walk`` (the reference) one key a step
+    (:func:`~posenc_lab.encodings.householder.path_logits`)."""
     if householder is None:
         return einsum(q, k, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
-    return path_logits(q, k, *householder, offset).to(q.dtype) / math.sqrt(q.shape[-1])
+    path = path_logits(q, k, *householder) if walk else path_logits_blocked(q, k, *householder)
+    return path.to(q.dtype) / math.sqrt(q.shape[-1])
 
 
 def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None, *, chunk=None, keep=None,
@@ -94,7 +96,7 @@ def reference(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k
     place of the softmax (stick-breaking)."""
     q64, k64 = q.double(), k.double()
     c_q, c_k = (None, None) if c_q is None else (c_q.double(), c_k.double())
-    scores = logits(q64, k64, None if householder is None else tuple(t.double() for t in householder))
+    scores = logits(q64, k64, None if householder is None else tuple(t.double() for t in householder), walk=True)
     mask, blind = _seeing(token_mask(encoding, q64, k64, c_q, c_k, q_pos, k_pos, causal=causal, reach=reach,
                                      chunk=chunk, keep=keep))
     weights = encoding.weights(scores + mask, k.shape[-2] - q.shape[-2])

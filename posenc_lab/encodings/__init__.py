@@ -51,7 +51,7 @@ from .contextual import CoPE, CoPELayer
 from .embedded import Learned, Sinusoidal, SinusoidalSmall
 from .fourier import FoPE
 from .forgetting import FoX, FoXLayer
-from .householder import PaTH, PaTHLayer
+from .householder import PaTH, PaTHFoX, PaTHLayer
 from .huggingface import HF_ROPE_TYPES, rope_from_hf
 from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
 from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
@@ -65,7 +65,7 @@ __all__ = [
     "FoX", "FoXLayer", "Gemma3Layers", "IRoPE", "Kerple", "Learned", "NoPE", "NoPETemperature", "PRoPE", "PartialRoPE",
     "RNoPESWA", "RandomizedLearned", "RandomizedRoPE", "RoPE", "RoPEBase500", "RoPEBase500k", "RoPENoPELayers", "SSMax",
     "SSMaxRoPE", "Sinusoidal", "SinusoidalSmall", "T5", "Tables", "XPos", "attn_temperature", "make_encoding",
-    "position_span", "rope_from_hf", "strategies_of", "PaTH", "PaTHLayer", "StickBreaking",
+    "position_span", "rope_from_hf", "strategies_of", "PaTH", "PaTHFoX", "PaTHLayer", "StickBreaking",
 ]
 
 
@@ -74,7 +74,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     cls.name: cls for cls in (NoPE, Sinusoidal, SinusoidalSmall, Learned, RoPE, PartialRoPE, PRoPE, XPos, ALiBi, T5,
                               Kerple, Fire, RoPEBase500, RoPEBase500k, RoPENoPELayers, RandomizedRoPE,
                               RandomizedLearned, SSMax, SSMaxRoPE, FoPE, FoX, CoPE, NoPETemperature, IRoPE,
-                              Gemma3Layers, RNoPESWA, StickBreaking, PaTH, DAPEALiBi, DAPEKerple, DAPEFire)
+                              Gemma3Layers, RNoPESWA, StickBreaking, PaTH, PaTHFoX, DAPEALiBi, DAPEKerple, DAPEFire)
 }
 
 

@@ -20,9 +20,15 @@ fla-org/flash-linear-attention); the package checks it against an explicit produ
 
 :func:`path_logits` computes the products without forming a matrix: for each query it walks back from its own key
 to the first, applying one ``H_t`` a key (``u <- H_t u``, ``O(d)`` per pair), ``O(n^2 d)`` per head in all, in
-``n`` steps that each move every query at once. A key/value cache keeps each token's ``w, beta``
+``n`` steps that each move every query at once: the definition, which the ``reference`` backend follows. Its autograd
+keeps every step, too much memory to train on (a 4-layer, 128-wide model at 512 tokens and batch 8 did not fit in
+20 GB); :func:`path_logits_blocked` gives the same numbers block by block, in ``2 block + n / block`` steps, and
+the ``sdpa`` and ``flex`` backends use it. A key/value cache keeps each token's ``w, beta``
 (:meth:`~posenc_lab.backends.KVCache.continue_householder`), so a new query walks back through the cached tokens
 as a whole forward pass does.
+
+:class:`PaTHFoX` adds FoX's forget gates (the paper's PaTH-FoX): the two terms reach attention through their own
+hooks, ``householder`` and ``decay``, and the backends add them as they add either alone.
 
 Departures from the authors' layer (``PaTHAttention`` in fla-org/flash-linear-attention): no short convolution
 over ``w`` (theirs, kernel 3 with SiLU, reads the two tokens before; here ``w_t`` reads ``x_t`` alone, so a cache
@@ -38,6 +44,7 @@ from torch import nn
 
 from ..errors import PosencError
 from .base import Encoding
+from .forgetting import log_forget
 
 
 def householder_vectors(x: torch.Tensor, down: torch.Tensor, up: torch.Tensor, gate: torch.Tensor,
@@ -79,6 +86,68 @@ def path_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.T
     return F.pad(scores, (0, nk - scores.shape[-1]))
 
 
+def _apply(u: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """``H u = u - beta (w . u) w`` for the vectors ``u`` (``... i d``) of each block, with the block's ``w``
+    (``... d``) and ``beta`` (``...``)."""
+    along = einsum(u, w, "... i d, ... d -> ... i") * beta[..., None]
+    return u - along[..., None] * w[..., None, :]
+
+
+def path_logits_blocked(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                        block: int = 16) -> torch.Tensor:
+    """:func:`path_logits` of a whole sequence (``q, k`` of the same ``n`` tokens), the same numbers in fewer and
+    smaller steps: the tokens cut into blocks of ``block``, the product between a query and a key in another block
+    factored as
+
+        q_i^T H_i ... H_{j+1} k_j = qhat_i^T  M_{c'-1} ... M_{c+1}  khat_j ,
+
+    with ``qhat_i = H_s' ... H_i q_i`` (the query walked back to its block's first token ``s'``), ``khat_j = H_{e-1}
+    ... H_{j+1} k_j`` (the key carried to its block's last token ``e - 1``) and ``M_c`` the ``d x d`` product of block
+    ``c``'s transforms. A block's own pairs come from the walk of :func:`path_logits` within the block, which leaves
+    ``qhat``. Every block walks at once, so the steps are ``2 block + n / block`` instead of ``n``, and autograd
+    keeps a fraction of the walk's memory. Computed in float32 at least."""
+    b, h, n, d = q.shape
+    if k.shape[-2] != n or n <= block:
+        return path_logits(q, k, w, beta)
+    work = torch.promote_types(q.dtype, torch.float32)
+    pad = -n % block
+    q, k, w = (F.pad(t.to(work), (0, 0, 0, pad)) for t in (q, k, w))
+    beta = F.pad(beta.to(work), (0, pad))  # beta 0 past the end: no transform
+    q, k, w = (rearrange(t, "b h (c t) d -> b h c t d", t=block) for t in (q, k, w))
+    beta = rearrange(beta, "b h (c t) -> b h c t", t=block)
+    c = q.shape[2]
+    local = torch.arange(block, device=q.device)
+
+    # a block's own pairs, and qhat: each query walks back to its block's first token
+    u, columns = torch.zeros_like(q), []
+    for t in range(block - 1, -1, -1):
+        u = torch.where(rearrange(local == t, "i -> i 1"), q, u)
+        columns.append(einsum(u, k[:, :, :, t], "b h c i d, b h c d -> b h c i"))
+        u = _apply(u, w[:, :, :, t], beta[:, :, :, t])
+    own = torch.stack(columns[::-1], dim=-1)  # b h c i j (j <= i)
+    qhat = u
+
+    # khat: each key carried to its block's last token (H_t reaches the keys before t). R: the block's transforms
+    # applied to the rows of the identity, R = (H_{e-1} ... H_s)^T = M^T, so a query crosses a block as v <- R v.
+    khat = torch.zeros_like(k)
+    R = torch.eye(d, dtype=work, device=q.device).expand(b, h, c, d, d)
+    for t in range(block):
+        khat = torch.where(rearrange(local == t, "i -> i 1"), k, _apply(khat, w[:, :, :, t], beta[:, :, :, t]))
+        R = _apply(R, w[:, :, :, t], beta[:, :, :, t])
+
+    # the pairs of blocks c' > c: query block c' walked back across the blocks between, one block a step
+    pairs = [own]  # pairs[m]: query blocks m .. c-1 against key blocks 0 .. c-1-m (b h c i j)
+    v = qhat[:, :, 1:]  # query blocks 1 .. c-1, next to the key block before them
+    for distance in range(1, c):
+        pairs.append(einsum(v, khat[:, :, :c - distance], "b h c i d, b h c j d -> b h c i j"))
+        if distance < c - 1:  # query blocks distance+1 .. c-1 cross key blocks 1 .. c-distance-1
+            v = einsum(R[:, :, 1:c - distance], v[:, :, 1:], "b h c e f, b h c i f -> b h c i e")
+    later = q.new_zeros(b, h, block, block * (c - 1))  # the key blocks after a query block
+    rows = [torch.cat([pairs[p - r][:, :, r] for r in range(p + 1)] + [later[..., :block * (c - 1 - p)]], dim=-1)
+            for p in range(c)]  # query block p: key blocks 0 .. p, then zeros
+    return torch.cat(rows, dim=-2)[:, :, :n, :n]
+
+
 class PaTHLayer(Encoding):
     """One layer's PaTH transforms (Yang et al. 2025), read from the layer's input by :meth:`householder`
     (:func:`householder_vectors`). The projections start normal with standard deviation 0.02 and the gates'
@@ -89,7 +158,7 @@ class PaTHLayer(Encoding):
     reads_tokens = True
     noncausal = False
 
-    def __init__(self, num_heads: int, d_model: int, head_dim: int, *, rank: int = 32):
+    def __init__(self, num_heads: int, d_model: int, head_dim: int, *, rank: int = 32, forget: bool = False):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise PosencError(f"PaTH needs a positive rank for its projection of w, got rank={rank!r}")
         super().__init__()
@@ -97,6 +166,22 @@ class PaTHLayer(Encoding):
         self.up = nn.Parameter(0.02 * torch.randn(num_heads, head_dim, rank))  # h d r
         self.gate = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
         self.gate_bias = nn.Parameter(torch.zeros(num_heads))  # h
+        if forget:  # PaTH-FoX: FoX's forget gates beside the transforms
+            self.w_f = nn.Parameter(0.02 * torch.randn(num_heads, d_model))  # h d_model
+            self.b_f = nn.Parameter(torch.zeros(num_heads))  # h
+
+    @property
+    def has_decay(self) -> bool:
+        """Whether the layer has FoX's forget gates too (PaTH-FoX)."""
+        return hasattr(self, "w_f")
+
+    def decay(self, x):
+        """PaTH-FoX's log forget values ``log f_t / sqrt(d)`` (``b h n``), FoX's gates
+        (:func:`~posenc_lab.encodings.forgetting.log_forget`) scaled as the authors' PaTH-FoX scales them (the sum
+        ``c_i - c_j`` joins ``q_i^T ... k_j`` before the division by ``sqrt(d)``); None for PaTH alone."""
+        if not self.has_decay:
+            return None
+        return log_forget(x, self.w_f, self.b_f) / self.up.shape[1] ** 0.5
 
     @property
     def num_heads(self) -> int:
@@ -115,7 +200,7 @@ class PaTHLayer(Encoding):
 
     def extra_repr(self) -> str:
         heads, head_dim, rank = self.up.shape
-        return f"hook=householder, {heads} heads x {head_dim}, rank {rank}"
+        return f"hook=householder, {heads} heads x {head_dim}, rank {rank}" + (", forget gates" if self.has_decay else "")
 
 
 class PaTH(PaTHLayer):
@@ -138,15 +223,44 @@ class PaTH(PaTHLayer):
     variant_of = "rope"  # a rotation-like transform of the score, accumulated over the tokens in between
     shape = {"num_heads": "num_heads", "d_model": "d_model", "head_dim": "head_dim", "n_layer": "n_layer"}
 
-    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32):
+    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32,
+                 forget: bool = False):
         if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
             raise PosencError(f"PaTH needs a positive number of layers, got n_layer={n_layer!r}")
         head_dim = d_model // num_heads if head_dim is None else head_dim
-        super().__init__(num_heads, d_model, head_dim, rank=rank)
-        self.later = nn.ModuleList(PaTHLayer(num_heads, d_model, head_dim, rank=rank) for _ in range(n_layer - 1))
+        super().__init__(num_heads, d_model, head_dim, rank=rank, forget=forget)
+        self.later = nn.ModuleList(PaTHLayer(num_heads, d_model, head_dim, rank=rank, forget=forget)
+                                   for _ in range(n_layer - 1))
 
     def for_layer(self, layer: int, n_layer: int) -> Encoding:
         if n_layer != len(self.later) + 1:
             raise PosencError(f"this PaTH has transforms for {len(self.later) + 1} layers, the model has {n_layer}: "
                               f"build it with n_layer={n_layer}")
         return self if layer == 0 else self.later[layer - 1]
+
+
+class PaTHFoX(PaTH):
+    """PaTH-FoX (Yang et al. 2025): PaTH's transforms and FoX's forget gates in every layer, the logit
+
+        (q_i^T H_i ... H_{j+1} k_j + sum_{l=j+1}^{i} log f_l) / sqrt(d),
+
+    the gates' sum divided by ``sqrt(d)`` with the rest, as in the authors' reference (``naive_path_attn`` in
+    fla-org/flash-linear-attention); the package's FoX adds its sum undivided. The gates start as FoX's (``w_f``
+    normal with standard deviation 0.02, ``b_f`` at 0) and reach attention through the ``decay`` hook, the
+    transforms through ``householder``: the backends add the two terms as they add them for each alone.
+
+    Shapes: ``householder(x)``: ``x`` ``b n d_model`` -> ``w`` ``b h n d``, ``beta`` ``b h n``; ``decay(x)`` ->
+    ``b h n``.
+
+    >>> import torch; from posenc_lab import PaTHFoX, attention
+    >>> enc, x = PaTHFoX(2, 16), torch.randn(1, 5, 16)
+    >>> q, k, v = torch.randn(3, 1, 2, 5, 8)
+    >>> attention(q, k, v, enc, householder=enc.householder(x), decay=enc.decay(x)).shape
+    torch.Size([1, 2, 5, 8])
+    """
+
+    name = "path-fox"
+    variant_of = "path"  # PaTH with a forget gate
+
+    def __init__(self, num_heads: int, d_model: int, head_dim: int | None = None, *, n_layer: int = 1, rank: int = 32):
+        super().__init__(num_heads, d_model, head_dim, n_layer=n_layer, rank=rank, forget=True)

@@ -5,12 +5,12 @@ from the committed results: no number in them is typed by hand.
     python -m posenc_lab.lab.readme --check   # exit 1 when a generated text differs from the committed one
 
 A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``: ``answer`` (the first screen's
-table in plain words, :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` of the headline run), ``findings`` (each claim with
-its ratio, interval, p and modes, :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown`), ``prose`` (the verdicts that differ on English
-prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the methods of 2024-26
-against ALiBi and RoPE with YaRN) and ``run`` (why the headline run is the one shown). The tests check that
-README.md, book/intro.md and every run's README equal what this module writes (``tests/test_readme.py``,
-``tests/test_results.py``).
+table in plain words, :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` of the headline run), ``findings`` (each claim
+with its ratio, interval, p and modes, :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown`), ``prose`` (the verdicts that
+differ on English prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the
+methods of 2024-26: their quality at the training length, their growth past it, and the tests against ALiBi and RoPE
+with YaRN) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
+every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
 """
 
 from __future__ import annotations
@@ -234,6 +234,13 @@ def far_block() -> str:
 RECENT, RECENT_BASE = "recent-cpu", "article-cpu"
 #: the length at which the README reads them: the longest evaluated, sixteen times the training length
 RECENT_LEN = 8192
+#: the encodings of :data:`RECENT_BASE` the README reads the newer methods against: the baselines, plain RoPE (the
+#: scale at the training length), and NoPE (the base of SSMax and Llama 4's temperature)
+RECENT_SCALE = ("alibi", "rope/none", "rope/yarn", "nope")
+#: the growth bands of the README: the first band whose top holds a method's largest growth at any length names it,
+#: with the band's lowest and highest growth to :data:`RECENT_LEN` in percent (``lo``, ``hi``) or as factors
+GROWTH_BANDS = ((1.01, "At most 1 % at any length"), (1.10, "{lo:.0f} to {hi:.0f} % by {n:,}"),
+                (1.50, "{lo:.0f} to {hi:.0f} % by {n:,}"), (math.inf, "{lo:.2f} to {hi:.2f} times by {n:,}"))
 
 
 def recent_rows() -> tuple[list[dict], list[str]]:
@@ -247,20 +254,119 @@ def recent_rows() -> tuple[list[dict], list[str]]:
 
 
 @lru_cache(maxsize=None)
+def recent_perplexity():
+    """Perplexity per byte by label (rows) and evaluation length (columns) of the newer methods and of
+    :data:`RECENT_SCALE`: the seeds' geometric mean, non-overlapping windows (chapter 13's tables)."""
+    import numpy as np
+
+    from posenc_lab.lab.verdicts.statistics import label
+
+    rows = rows_of(RECENT) + [r for r in rows_of(RECENT_BASE) if label(r) in RECENT_SCALE]
+    df = frame([r for r in rows if r["eval_mode"] == "nonoverlapping" and r["status"] == "ok"])
+    return np.exp(np.log(df["perplexity"]).groupby([df["label"], df["eval_len"]]).mean().unstack())
+
+
+def _ratios(values, digits: int = 2) -> str:
+    return "/".join(f"{v:.{digits}f}" for v in values)
+
+
+def recent_quality_line() -> str:
+    """Quality at the training length: each newer method's perplexity there over plain RoPE's and over ALiBi's
+    (lowest first), then the recipe that ranking belongs to, with ALiBi and NoPE against RoPE at that length."""
+    ppl = recent_perplexity()
+    spec = _spec(RECENT)
+    n = spec.model.train_len
+    at = ppl[n][list(spec.encodings)].sort_values()
+    rope, alibi = ppl.loc["rope/none", n], ppl.loc["alibi", n]
+    best, *others = at.index
+    named = ", ".join(f"{in_words.NAMES.get(m, m)} {_ratios((at[m] / rope, at[m] / alibi))}" for m in others)
+    return (f"Quality at the training length: at {n} bytes {in_words.NAMES.get(best, best)} has the lowest "
+            f"perplexity, {at[best] / rope:.2f} of RoPE's and {at[best] / alibi:.2f} of ALiBi's. The others, over "
+            f"RoPE's/ALiBi's: {named}. That ranking is one small recipe's ({spec.model.n_layer} layers, "
+            f"{spec.training.steps:,} steps on {_tokens(RECENT)}). In it ALiBi is already {alibi / rope:.2f} times "
+            f"RoPE at {n}, and NoPE, the base of SSMax and Llama 4's temperature, {ppl.loc['nope', n] / rope:.2f} "
+            f"times. So a place at {n} says how much a method learned in {spec.training.steps:,} steps, not where "
+            "it would end.")
+
+
+def recent_growth():
+    """Growth: each newer method's and each baseline's (and plain RoPE's) perplexity at every evaluated length past
+    the training length over its own at the training length, least growth to :data:`RECENT_LEN` first."""
+    ppl = recent_perplexity()
+    n = _spec(RECENT).model.train_len
+    labels = list(_spec(RECENT).encodings) + ["alibi", "rope/none", "rope/yarn"]
+    return ppl.loc[labels].div(ppl.loc[labels, n], axis=0).drop(columns=n).sort_values(RECENT_LEN)
+
+
+def recent_growth_line() -> str:
+    """Growth past the training length in :data:`GROWTH_BANDS`, each model with its growth to every length."""
+    growth = recent_growth()
+    n = _spec(RECENT).model.train_len
+    lengths = "/".join(f"{x:,}" for x in growth.columns)
+    sentences = [f"Growth past the training length, each model's perplexity at {lengths} over its own at {n}."]
+    band = [next(i for i, (top, _) in enumerate(GROWTH_BANDS) if g.max() <= top) for _, g in growth.iterrows()]
+    for i, (_, words) in enumerate(GROWTH_BANDS):
+        these = growth[[b == i for b in band]]
+        if these.empty:
+            continue
+        far = these[RECENT_LEN]
+        lo, hi = (100 * (far.min() - 1), 100 * (far.max() - 1)) if "%" in words else (far.min(), far.max())
+        named = _listed([f"{in_words.NAMES.get(m, m)} {_ratios(g)}" for m, g in these.iterrows()])
+        sentences.append(f"{words.format(lo=lo, hi=hi, n=RECENT_LEN)}: {named}.")
+    return " ".join(sentences)
+
+
+def recent_tests_line(table) -> str:
+    """The tested ratios at :data:`RECENT_LEN` (``table``: :func:`~posenc_lab.lab.verdicts.in_words.against_baselines`), after
+    what makes them: a ratio there is the ratio at the training length times the ratio of the two growths. Whether
+    any method grows less than ALiBi at some length (only such a method can gain on ALiBi past the training length),
+    and, for each method lower than RoPE with YaRN at :data:`RECENT_LEN`, whether most of that gap (on the log
+    scale) is YaRN's growth rather than the lead at the training length."""
+    import numpy as np
+
+    growth = recent_growth()
+    methods = list(_spec(RECENT).encodings)
+    n = _spec(RECENT).model.train_len
+    less = [m for m in methods if (growth.loc[m] < growth.loc["alibi"]).any()]
+    alibi = (f"{_names(less)} {'grows' if len(less) == 1 else 'grow'} less than ALiBi at some length, so only "
+             f"{'it' if len(less) == 1 else 'they'} can gain on it past {n}." if less else
+             f"No method grows less than ALiBi at any length, so none gains on it past {n}: a lead over ALiBi at "
+             f"{RECENT_LEN:,} is at most the lead at {n}.")
+    lower = table[(table["b"] == "rope/yarn") & (table["eval_len"] == RECENT_LEN) & (table["outcome"] == "lower")
+                  & (table["mode"] == "nonoverlapping")]["a"]
+    share = {m: np.log(growth.loc[m, RECENT_LEN] / growth.loc["rope/yarn", RECENT_LEN])
+             / np.log(recent_perplexity().loc[m, RECENT_LEN] / recent_perplexity().loc["rope/yarn", RECENT_LEN])
+             for m in lower}
+    mostly = [m for m in methods if share.get(m, 0) > 0.5]
+    yarn_growth = f"RoPE with YaRN grows {growth.loc['rope/yarn', RECENT_LEN]:.2f} times by {RECENT_LEN:,}"
+    if mostly and len(mostly) == len(share):
+        yarn = f"{yarn_growth}: for each method lower than it there, most of the gap is that growth."
+    elif mostly:
+        yarn = f"{yarn_growth}: for {_names(mostly)}, most of the gap to it there is that growth."
+    else:
+        yarn = f"{yarn_growth}, yet no gap to it there is mostly that growth."
+    return (f"The tests, at {RECENT_LEN:,}, read both at once: a ratio there is the ratio at {n} times the ratio of "
+            f"the two growths. {alibi} {yarn} "
+            + " ".join(in_words.against_in_words(table, b, RECENT_LEN) for b in in_words.BASELINES)
+            + " A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
+              "it, at a 5 % false discovery rate over the chapter's table.")
+
+
+@lru_cache(maxsize=None)
 def recent_block() -> str:
-    """The methods of 2024-26 against ALiBi and RoPE with YaRN at :data:`RECENT_LEN`, non-overlapping windows
-    (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of chapter 13's table)."""
+    """The methods of 2024-26 (chapter 13): quality at the training length and growth past it read apart, then the
+    tested ratios to ALiBi and RoPE with YaRN at :data:`RECENT_LEN` in non-overlapping windows
+    (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of chapter 13's table), the far bytes and the digits
+    task."""
     rows, methods = recent_rows()
     table = in_words.against_baselines(rows, methods)
     seeds = len(_spec(RECENT).seeds)
     lines = [f"Chapter 13 trains nine methods of 2024–26 with `{RECENT_BASE}`'s recipe ({_corpus(RECENT)}, {seeds} "
-             f"seeds, `{RECENT}`). Their perplexity at {RECENT_LEN:,} bytes, as a ratio to the baseline's, in "
-             "non-overlapping windows:"]
-    lines += [f"- {in_words.against_in_words(table, b, RECENT_LEN)}" for b in in_words.BASELINES]
+             f"seeds, `{RECENT}`). It reads quality at the training length and growth past it apart (non-overlapping "
+             "windows, the seeds' geometric mean):"]
+    lines += [f"- {recent_quality_line()}", f"- {recent_growth_line()}", f"- {recent_tests_line(table)}"]
     lines.append(f"- {recent_far_line()}")
     lines.append(f"- {recent_digits_line()}")
-    lines.append("A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
-                 "it, at a 5 % false discovery rate over the chapter's table.")
     return "\n".join(lines)
 
 

@@ -3,9 +3,10 @@ FoX's forget gates.
 
 Pure functions over a model and a batch of tokens (the chapters draw them with :mod:`plots`). The
 attention weights are recomputed explicitly from each layer's input, with the encoding's own
-rotation and bias (and the terms of an encoding that reads the tokens: FoX's decay, CoPE's bias), the causal mask
-and a local layer's window or chunk, ``softmax(q k^T / sqrt(d) + b)``: the formula every backend is tested against,
-written out because the fast backends never form the weights.
+rotation and bias (and the terms of an encoding that reads the tokens: FoX's decay, CoPE's bias, PaTH's transforms in
+place of ``q . k``), the causal mask and a local layer's window or chunk, ``softmax(q k^T / sqrt(d) + b)`` (or the
+encoding's own weights: stick-breaking's): the formula every backend is tested against, written out because the fast
+backends never form the weights.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from einops import einsum, rearrange
 
 from posenc_lab.backends import future_mask, other_chunk, out_of_reach
-from posenc_lab.backends.tokens import token_mask
+from posenc_lab.backends.tokens import logits, token_mask
 from posenc_lab.encodings.forgetting import forget_sums
 
 
@@ -65,7 +66,11 @@ def _attention_logits(model, idx):
         with torch.no_grad():
             q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.n_head)
             q, k = encoding.rotate(q, k, positions)
-            scores = einsum(q.float(), k.float(), "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+            householder = encoding.householder(x)  # PaTH's transforms: its logits in place of q . k
+            if householder is None:
+                scores = einsum(q.float(), k.float(), "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
+            else:
+                scores = logits(q.float(), k.float(), householder)
             bias = encoding.bias(positions, positions)
             if bias is not None:
                 scores = scores + bias.float()
@@ -89,8 +94,12 @@ def _unseen(encoding, positions: torch.Tensor) -> torch.Tensor:
 
 
 def attention_weights(model, idx: torch.Tensor) -> list[torch.Tensor]:
-    """The attention weights ``softmax(logits)`` of every layer: a list of ``b h n n`` tensors."""
-    return [logits.softmax(dim=-1) for logits in attention_logits(model, idx)]
+    """The attention weights ``softmax(logits)`` of every layer (the layer's encoding's own
+    :meth:`~posenc_lab.encodings.Encoding.weights` where they are not a softmax: stick-breaking's): a list of
+    ``b h n n`` tensors."""
+    n_layer = len(model.blocks)
+    return [model.encoding.for_layer(layer, n_layer).weights(scores, 0)
+            for layer, scores in enumerate(attention_logits(model, idx))]
 
 
 def entropy(weights: torch.Tensor) -> torch.Tensor:
