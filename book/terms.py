@@ -7,6 +7,9 @@ introduces it by linking the glossary (``{term}`...```) at that first use.
 The terms come from the glossary page itself (``book/glossary.md``): each entry of its ``{glossary}`` directives is one
 or more term lines and an indented definition; any of an entry's terms links the entry. A definition's sentence that
 starts with "Not" names, in italics, everyday uses of the same word that are not the term (``*unit circle*``).
+The entries under the heading :data:`NAMES_SECTION` are the encodings' and strategies' names (RoPE, ALiBi, YaRN).
+Every chapter uses several of them and derives its own, so only :data:`NAME_PAGES`, the pages a newcomer reads
+first, must link them at their first use.
 
 Prose is the Markdown outside code cells and fenced code, display and inline math, inline code, headings, HTML
 comments, front matter, images and directive option lines; tables and the text of notes, exercises and figure
@@ -28,6 +31,9 @@ from readability import _ITEM, prose_lines  # noqa: E402  the one scanner of MyS
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOSSARY = ROOT / "book" / "glossary.md"
+#: the glossary's section of names, and the pages that must link each name at its first use
+NAMES_SECTION = "The encodings by name"
+NAME_PAGES = (ROOT / "book" / "intro.md", ROOT / "notebooks" / "00_tour.md")
 
 _ROLE = re.compile(r"\{(?P<role>[\w:-]+)\}`(?P<body>[^`]*)`")
 _BLANKED = [re.compile(p, re.S) for p in (r"!\[[^\]]*\]\([^)]*\)",  # images, alt text and all
@@ -43,6 +49,10 @@ class Entry:
 
     terms: tuple[str, ...]
     not_terms: tuple[str, ...] = ()
+    #: a name of :data:`NAMES_SECTION`: its first use is checked on :data:`NAME_PAGES` only
+    name_only: bool = False
+    #: the definition's text, its lines joined
+    definition: str = ""
 
     @property
     def name(self) -> str:
@@ -64,17 +74,20 @@ def _term_regex(term: str) -> str:
 
 def glossary(path: Path = GLOSSARY) -> list[Entry]:
     """Every entry of the ``{glossary}`` directives of ``path``."""
-    entries, terms, body, inside = [], [], [], False
+    entries, terms, body, inside, section = [], [], [], False, ""
 
     def close():
         if terms:
             nots = [phrase for sentence in re.split(r"(?<=\.)\s+", " ".join(body)) if sentence.startswith("Not ")
                     for phrase in re.findall(r"\*([^*]+)\*", sentence)]
-            entries.append(Entry(tuple(terms), tuple(nots)))
+            entries.append(Entry(tuple(terms), tuple(nots), name_only=section == NAMES_SECTION,
+                                 definition=" ".join(body)))
         terms.clear()
         body.clear()
 
     for line in path.read_text(encoding="utf-8").splitlines():
+        if not inside and line.startswith("## "):
+            section = line[3:].strip()
         if line.startswith("```{glossary}"):
             inside = True
             continue
@@ -190,8 +203,11 @@ def _events(paragraph: str, entries: list[Entry]) -> list[tuple[int, str, Entry,
 
 
 def first_uses(page: Path, entries: list[Entry] | None = None) -> list[Use]:
-    """Every entry whose first use on ``page`` comes before any link to it, at that first use."""
+    """Every entry whose first use on ``page`` comes before any link to it, at that first use. The names
+    (:attr:`Entry.name_only`) count on :data:`NAME_PAGES` only; elsewhere a link to one still counts as a link."""
     entries = glossary() if entries is None else entries
+    if page.resolve() not in {p.resolve() for p in NAME_PAGES}:
+        entries = [e for e in entries if not e.name_only]
     text = page.read_text(encoding="utf-8")
     linked, reported, out = set(), set(), []
     for offset, paragraph in paragraphs(text):

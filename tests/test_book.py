@@ -30,8 +30,8 @@ def cells(path):
 TOUR = "00_tour"
 
 
-def test_there_are_thirteen_chapters_and_a_tour_and_all_are_in_the_toc():
-    assert len(NOTEBOOKS) == 14 and TOUR in CHAPTERS
+def test_there_are_fourteen_chapters_and_a_tour_and_all_are_in_the_toc():
+    assert len(NOTEBOOKS) == 15 and TOUR in CHAPTERS
     toc = (ROOT / "_toc.yml").read_text()
     for stem in CHAPTERS:
         assert f"notebooks/{stem}" in toc

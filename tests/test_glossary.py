@@ -40,7 +40,7 @@ def test_the_glossary_defines_every_term_the_first_read_stumbled_on():
 def test_the_glossary_and_the_tour_open_the_book():
     pages = [p.relative_to(ROOT).as_posix() for p in terms.toc_pages()]
     assert pages[:3] == ["book/intro.md", "notebooks/00_tour.md", "book/glossary.md"]
-    assert PAGES[0].name == "intro.md" and PAGES[1].name == "00_tour.md" and len(PAGES) == 15
+    assert PAGES[0].name == "intro.md" and PAGES[1].name == "00_tour.md" and len(PAGES) == 16
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
@@ -94,3 +94,35 @@ def test_everyday_uses_the_glossary_names_are_not_the_term(tmp_path):
     page = page_with(tmp_path, "A point on the unit circle, a score margin, by a wide margin.\n\n"
                                "Then the units ran.\n")
     assert unlinked(page) == ["unit"]
+
+
+#: the glossary name of each encoding and RoPE strategy of the headline run, by its label in the results
+ENCODING_NAMES = {"nope": "NoPE", "sinusoidal": "sinusoids", "rope/none": "RoPE", "rope/pi": "PI",
+                  "rope/ntk": "NTK-aware scaling", "rope/dynamic-ntk": "dynamic NTK", "rope/yarn": "YaRN",
+                  "alibi": "ALiBi", "t5": "T5"}
+
+
+def test_every_encoding_of_the_headline_run_has_a_name_entry_that_links_its_chapter():
+    """The README's and the tour's rows name each encoding and strategy; the glossary explains each one, in its
+    section of names, and points to the chapter that derives it (or to the term that does)."""
+    from posenc_lab.lab import readme
+    from posenc_lab.lab.verdicts.statistics import label
+
+    labels = {label(r) for r in readme.rows_of(readme.HEADLINE)}
+    assert labels == set(ENCODING_NAMES), labels
+    by_term = {t: e for e in ENTRIES for t in e.terms}
+    for name in ENCODING_NAMES.values():
+        entry = by_term[name]
+        assert entry.name_only, f"{name} is not in the section {terms.NAMES_SECTION!r}"
+        assert re.search(r"See \[[^\]]+\]\(\.\./notebooks/\d\d_\w+\)|See \{term\}", entry.definition), name
+
+
+def test_a_name_is_checked_on_the_first_pages_only(tmp_path, monkeypatch):
+    """A chapter derives the encodings it is about and need not link their names; the landing page and the tour
+    must, as they must any term."""
+    assert [p.name for p in terms.NAME_PAGES] == ["intro.md", "00_tour.md"]
+    assert all(p in terms.checked_pages() for p in terms.NAME_PAGES)
+    page = page_with(tmp_path, "RoPE turns pairs; ALiBi adds a line, over a {term}`training length`.\n")
+    assert unlinked(page) == []
+    monkeypatch.setattr(terms, "NAME_PAGES", (page,))
+    assert unlinked(page) == ["RoPE", "ALiBi"]

@@ -202,11 +202,19 @@ def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat():
     gain = [r for r in results.read_json(readme.RECENT_FAR, "gain.json") if r["status"] == "ok"]
     train = [r for r in readme.rows_of(readme.RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == 512]
     for method in helped:
-        limited = [math.exp(r["far_loss_reach"]) for r in gain if r["encoding"] == method]
+        ours = [r for r in gain if r["encoding"] == method]
+        limited = [math.exp(r["far_loss_reach"]) for r in ours]
         logs = [math.log(r["perplexity"]) for r in train if r["encoding"] == method]
         at_train = math.exp(sum(logs) / len(logs))
-        said = f"{findings.NAMES[method]} {min(limited):.1f} to {max(limited):.1f} against {at_train:.2f}"
+        # both sides the seeds' geometric mean: at each length for the far bytes, at 512 for the whole windows
+        per_length = {}
+        for r in ours:
+            per_length.setdefault(r["eval_len"], []).append(r["far_loss_reach"])
+        means = [math.exp(sum(v) / len(v)) for v in per_length.values()]
+        assert all(len(v) == 3 for v in per_length.values())
+        said = f"{findings.NAMES[method]} {min(means):.1f} to {max(means):.1f} against {at_train:.2f}"
         assert (said in line) == (min(limited) > at_train), said
+    assert "geometric means" in line and "on every seed and length" in line
     assert "repairs a broken 512-key form" in line
     assert line.index("Helped by the far bytes") < line.index("repairs") < line.index("Hurt by them")
 
@@ -219,10 +227,11 @@ def test_recent_digits_line_names_exactly_the_family_outcomes():
     learned, not_learned = findings.learned_methods(rows, methods)
     family = findings.retrieval_against_baselines(rows, learned)
     assert "not learned: " + (", ".join(findings.NAMES.get(m, m) for m in not_learned) or "none") in line
+    assert "higher is better" in line and " higher:" not in line and " lower:" not in line
     for baseline, name in (("alibi", "ALiBi"), ("rope/yarn", "RoPE with YaRN")):
         part = line.split(f"Against {name}, ")[1].split(".")[0]
-        for outcome in ("higher", "lower"):
-            said = part.split(f"{outcome}: ")[1].split("; lower")[0] if outcome == "higher" else part.split("lower: ")[1]
+        for outcome, words in (("higher", "more accurate"), ("lower", "less accurate")):
+            said = part.split(f"{words}: ")[1].split("; less accurate")[0]
             named = {(n, int(k)) for n, ks in re.findall(r"([^;()]+?) \(at ([^)]*)\)", said)
                      for k in re.findall(r"(\d+)x", ks)}
             these = family[(family["against"] == baseline) & (family["outcome"] == outcome)]
@@ -295,3 +304,81 @@ def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
               for n in re.findall(r"([^,]+?) \(\d\.\d\d\)(?:, |$)", lower)]
     assert shares
     assert ("for each method lower than it there, most of the gap is that growth" in tests) == (min(shares) > 0.5)
+
+
+def test_no_page_says_the_rules_came_before_every_verdict():
+    """The declared analysis was written before the fourth and fifth seeds were read, after three-seed verdicts had
+    been published: the first pages say so, in chapter 10's words, and none says the rules preceded the verdicts."""
+    pages = [README, INTRO, ROOT / "notebooks" / "00_tour.md", ROOT / "book" / "glossary.md"]
+    for page in pages:
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        assert not re.search(r"fixed before (the|these) (verdicts|answers)", text), page.name
+        assert "declared before the fourth and fifth" in text, page.name
+    for page in pages[:3]:
+        text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
+        assert "after three-seed" in text and "Chapter 10" in text, page.name
+
+
+def test_run_block_says_what_each_differing_verdict_is_under_each_recipe():
+    """Each verdict the other recipe decides otherwise is named with its verdict there and in the headline run."""
+    side = findings.side_by_side({r: readme.rows_of(r) for r in (readme.HEADLINE, readme.OTHER_RECIPE)})
+    block = readme.run_block()
+    differ = [p for p in side.index if not side.loc[p, ("all runs", "same verdict")]]
+    assert differ and f"{len(differ)} of the {len(side)} verdicts differ." in block
+    sentences = [s for s in block.split(". ") if s.startswith("There ")]
+    for part in differ:
+        there, here = (findings.verdict_in_words(side.loc[part, (run, "verdict")]).lower().split(":")[0]
+                       for run in (readme.OTHER_RECIPE, readme.HEADLINE))
+        sentence = next(s for s in sentences if f'"{readme.SHORT[part]}"' in s)
+        before, after = sentence.split("; in the headline run ")
+        stem = lambda v: v.replace("does not hold", "do not hold").replace("holds", "hold")  # noqa: E731
+        assert stem(there) in stem(before) and stem(here) in stem(after), (part, sentence)
+
+
+def test_far_block_says_how_many_seeds_it_reads():
+    seeds = sorted({r["seed"] for name, _ in readme.CONTEXTS.values() for r in results.read_json(name, "gain.json")})
+    assert seeds == [0, 1, 2]  # the far-context runs read the first three seeds of the headline runs
+    assert "It reads three seeds of the headline runs' models (seeds 0–2), where the verdicts above read five seeds." \
+        in readme.far_block()
+
+
+def test_sinusoids_first_is_said_against_the_break_at_the_first_length():
+    """"Break first": the answer row says whether both growths to 1,024 are past the break (1.10), recomputed from
+    the sliding-window rows with the seeds' geometric mean."""
+    import math
+
+    rows = [r for r in readme.rows_of(readme.HEADLINE) if r["eval_mode"] == "sliding" and r["status"] == "ok"]
+
+    def growth(encoding, strategy):
+        loss = {(r["seed"], r["eval_len"]): r["loss"] for r in rows
+                if r["encoding"] == encoding and r["strategy"] == strategy}
+        seeds = sorted({s for s, _ in loss})
+        return math.exp(sum(loss[(s, 1024)] - loss[(s, 512)] for s in seeds) / len(seeds))
+
+    sinusoids, rope = growth("sinusoidal", "-"), growth("rope", "none")
+    row = next(line for line in readme.answer_block().splitlines() if line.startswith("| The sinusoids break first"))
+    assert f"grows {findings._times(sinusoids)}-fold from 512 to 1,024, RoPE's grows {findings._times(rope)}-fold" in row
+    both = "both are past the break (1.10) at 1,024, so first means the larger growth there"
+    assert (both in row) == (min(sinusoids, rope) > 1.10) and both in row
+
+
+def test_cpu_time_recomputed_from_the_committed_rows():
+    """The README's time on two CPU cores: the other recipe's recorded unit seconds, training seconds (once a unit)
+    and evaluation seconds, read with the csv module, scaled by the headline run's units."""
+    import csv
+    import json
+
+    folder = ROOT / "results" / readme.OTHER_RECIPE
+    with open(folder / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["device"] for r in rows} == {"cpu (x86_64, 2 threads)"}
+    training = {(r["encoding"], r["seed"]): float(r["train_seconds"]) for r in rows}
+    evaluation = sum(float(r["eval_seconds"] or 0) for r in rows)
+    units = [json.loads(p.read_text()) for p in sorted((folder / "units").glob("*.json"))]
+    headline = len(list((ROOT / "results" / readme.HEADLINE / "units").glob("*.json")))
+    assert len(units) == len(training) == 15 and headline == 25
+    total = sum(u["seconds"] for u in units)
+    block = readme.generated_blocks(README.read_text(encoding="utf-8"))["cpu"]
+    assert (f"took {total / 3600:.1f} hours for its 15 units on 2 CPU threads ({sum(training.values()) / 3600:.1f} h "
+            f"training, {evaluation / 3600:.1f} h evaluation)") in block
+    assert f"the headline run's 25 units take about {total / 3600 * 25 / 15:.1f} hours" in block

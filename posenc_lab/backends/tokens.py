@@ -126,7 +126,7 @@ def sdpa(q, k, v, encoding, q_pos, k_pos, causal, reach=None, c_q=None, c_k=None
     """SDPA with the :func:`token_mask` of each block of queries, each block with the keys it can see. Weights
     that are not a softmax of ``q k^T / sqrt(d)`` plus the mask -- PaTH's logits (``householder``, computed once for
     every query), stick-breaking's weights -- are written out in blocks of ``GRAD_BLOCK`` queries
-    (:func:`_written_out`), in the working dtype."""
+    (``_written_out``), in the working dtype."""
     nq, nk = q.shape[-2], k.shape[-2]
     path = None if householder is None else logits(q, k, householder)  # b h i j
     explicit = _explicit(encoding, q, k, v, c_q) or path is not None or encoding.weighting != "softmax"

@@ -24,7 +24,7 @@ to the first, applying one ``H_t`` a key (``u <- H_t u``, ``O(d)`` per pair), ``
 keeps every step, too much memory to train on (a 4-layer, 128-wide model at 512 tokens and batch 8 did not fit in
 20 GB); :func:`path_logits_blocked` gives the same numbers block by block, in ``2 block + n / block`` steps, and
 the ``sdpa`` and ``flex`` backends use it. A key/value cache keeps each token's ``w, beta``
-(:meth:`~posenc_lab.backends.KVCache.continue_householder`), so a new query walks back through the cached tokens
+(``KVCache.continue_householder``), so a new query walks back through the cached tokens
 as a whole forward pass does.
 
 :class:`PaTHFoX` adds FoX's forget gates (the paper's PaTH-FoX): the two terms reach attention through their own
@@ -195,6 +195,7 @@ class PaTHLayer(Encoding):
         return householder_vectors(x, self.down, self.up, self.gate, self.gate_bias)
 
     def forward(self, x, positions=None):
+        """PaTH has no hook that acts on one tensor: this raises a one-line error naming the call to make."""
         raise PosencError("PaTH cannot be called on one tensor: call attention(q, k, v, encoding, "
                           "householder=encoding.householder(x)) with the layer's input x (b, n, d_model)")
 

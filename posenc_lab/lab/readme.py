@@ -9,8 +9,9 @@ table in plain words, :func:`~posenc_lab.lab.verdicts.in_words.answer_markdown` 
 with its ratio, interval, p and modes, :func:`~posenc_lab.lab.verdicts.in_words.findings_markdown`), ``prose`` (the verdicts that
 differ on English prose), ``far`` (what the bytes past the training length do, on both texts), ``recent`` (the
 methods of 2024-26: their quality at the training length, their growth past it, and the tests against ALiBi and RoPE
-with YaRN) and ``run`` (why the headline run is the one shown). The tests check that README.md, book/intro.md and
-every run's README equal what this module writes (``tests/test_readme.py``, ``tests/test_results.py``).
+with YaRN), ``run`` (why the headline run is the one shown) and ``cpu`` (how long the headline run takes on two CPU
+cores). The tests check that README.md, book/intro.md and every run's README equal what this module writes
+(``tests/test_readme.py``, ``tests/test_results.py``).
 """
 
 from __future__ import annotations
@@ -97,10 +98,10 @@ def run_block() -> str:
     model = spec.model
     seeds = _SEEDS.get(len(spec.seeds), f"{len(spec.seeds)} seeds")
     side = in_words.side_by_side({HEADLINE: rows_of(HEADLINE), OTHER_RECIPE: rows_of(OTHER_RECIPE)})
-    differ = [SHORT.get(part, part) for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
+    differ = [part for part in side.index if not side.loc[part, ("all runs", "same verdict")]]
     other = (f"Under `{OTHER_RECIPE}` ({_recipe(OTHER_RECIPE)}, {_SEEDS.get(len(_spec(OTHER_RECIPE).seeds))}), "
-             + (f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}: "
-                f"{_listed(differ)}." if differ
+             + (f"{len(differ)} of the {len(side)} verdicts {'differs' if len(differ) == 1 else 'differ'}. "
+                f"{changed_verdicts(side, differ, OTHER_RECIPE, HEADLINE)}" if differ
                 else "every verdict is the same."))
     return (f"The headline run is `{HEADLINE}`: a {model.n_layer}-layer, {model.d_model}-wide byte model "
             f"trained at {model.train_len} on {_tokens(HEADLINE)} of {_corpus(HEADLINE)} ({_recipe(HEADLINE)}), "
@@ -132,6 +133,33 @@ SHORT = {
     "ordering: T5 holds to about 2x": "T5 holds to about 2x",
     "ordering: ALiBi stays flat": "ALiBi stays flat",
 }
+
+
+def _verdict_plain(verdict: str, plural: bool) -> str:
+    """A verdict as a sentence's verb: ``holds`` (``hold`` for several parts), ``does not hold`` (``do not hold``),
+    ``is not resolved (too few seeds)`` (``are ...``), ``is mode-dependent``."""
+    said = in_words.verdict_in_words(verdict).lower()
+    if said in ("holds", "does not hold"):
+        return {"holds": "hold", "does not hold": "do not hold"}[said] if plural else said
+    if said.startswith("not resolved: "):
+        said = f"not resolved ({said.removeprefix('not resolved: ')})"
+    return ("are " if plural else "is ") + said
+
+
+def changed_verdicts(side, parts: list[str], there: str, here: str) -> str:
+    """The verdicts of ``parts`` that differ between runs ``there`` and ``here`` (the headline run) of a
+    :func:`~posenc_lab.in_words.side_by_side` table, one sentence per change: ``There "T5 holds to about 2x" holds;
+    in the headline run it does not hold.``"""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for part in parts:
+        groups.setdefault((side.loc[part, (there, "verdict")], side.loc[part, (here, "verdict")]), []).append(part)
+    said = []
+    for (a, b), these in groups.items():
+        plural = len(these) > 1
+        names = _listed([f'"{SHORT.get(x, x)}"' for x in these])
+        said.append(f"There {names} {_verdict_plain(a, plural)}; in the headline run "
+                    f"{'they' if plural else 'it'} {_verdict_plain(b, plural)}.")
+    return " ".join(said)
 
 
 def _listed(items: list[str]) -> str:
@@ -225,9 +253,21 @@ def far_block() -> str:
             f"perplexity is {versus['ratio']:.3f} times the window's ({_read(versus)}). With both limited to {reach} "
             f"keys the ratio is already {within:.3f}, so {where}.")
     reach = results.read_json(next(iter(CONTEXTS.values()))[0], "gain.json")[0]["reach"]
+    seeds = sorted({r["seed"] for name, _ in CONTEXTS.values() for r in results.read_json(name, "gain.json")})
     return (f"Does a model use the bytes past its training length? Chapter 9 scores the bytes past position {reach} "
             f"of each window twice: with full attention, and with attention limited to the last {reach} keys. "
+            f"It reads {_SEEDS.get(len(seeds), f'{len(seeds)} seeds')} of the headline runs' models "
+            f"({_seed_range(seeds)}), where the verdicts above read {_SEEDS.get(len(_spec(HEADLINE).seeds))}. "
             + " ".join(lines))
+
+
+def _seed_range(seeds: list[int]) -> str:
+    """``seeds 0–2``, or ``seed 0``, or ``seeds 0, 2 and 4`` where they are not consecutive."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return "seeds " + _listed([str(x) for x in seeds])
 
 
 #: the methods of 2024-26 (chapter 13) and the run whose baselines they were trained beside, on the same batches
@@ -415,7 +455,9 @@ def recent_repair_caveat(helped) -> str:
     """The caveat chapter 13 puts on a method the far bytes help: where that method's far bytes, limited to the last
     ``reach`` keys, score a higher perplexity on every seed and length than its whole windows at the training length
     (:data:`RECENT`, non-overlapping windows, the seeds' geometric mean), its limited form is broken, and part of the
-    help repairs it. Empty when no helped method is such."""
+    help repairs it. Each such method is said with the seeds' geometric mean of its limited far-byte perplexity, the
+    lowest and the highest over the lengths, against that at the training length. Empty when no helped method is
+    such."""
     import numpy as np
 
     rows = [r for r in results.read_json(RECENT_FAR, "gain.json") if r["status"] == "ok"]
@@ -424,16 +466,19 @@ def recent_repair_caveat(helped) -> str:
     for method in results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]:
         if method not in helped:
             continue
-        limited = [math.exp(r["far_loss_reach"]) for r in rows if r["encoding"] == method]
+        ours = [r for r in rows if r["encoding"] == method]
         at_train = math.exp(np.mean([math.log(r["perplexity"]) for r in train if r["encoding"] == method]))
-        if min(limited) > at_train:
-            parts.append(f"{in_words.NAMES.get(method, method)} {min(limited):.1f} to {max(limited):.1f} against "
-                         f"{at_train:.2f}")
+        if min(math.exp(r["far_loss_reach"]) for r in ours) > at_train:
+            by_length = [math.exp(np.mean([r["far_loss_reach"] for r in ours if r["eval_len"] == n]))
+                         for n in sorted({r["eval_len"] for r in ours})]
+            parts.append(f"{in_words.NAMES.get(method, method)} {min(by_length):.1f} to {max(by_length):.1f} "
+                         f"against {at_train:.2f}")
     if not parts:
         return ""
     reach, train_len = rows[0]["reach"], rows[0]["train_len"]
     return (f" Part of that help repairs a broken {reach}-key form (chapter 13). Limited to {reach} keys, their far "
-            f"bytes score a higher perplexity than their whole {train_len:,}-byte windows do: {'; '.join(parts)}.")
+            f"bytes score a higher perplexity than their whole {train_len:,}-byte windows do, on every seed and "
+            f"length. The seeds' geometric means, lowest to highest over the lengths: {'; '.join(parts)}.")
 
 
 #: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
@@ -451,8 +496,10 @@ def recent_digits_rows() -> tuple[list[dict], list[str]]:
 
 def recent_digits_line() -> str:
     """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
-    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.lab.verdicts.in_words.retrieval_against_baselines`,
-    the family chapter 13 reads), each with the lengths where the difference counts."""
+    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.in_words.retrieval_against_baselines`,
+    the family chapter 13 reads), each with the lengths where the difference counts. Exact match is an accuracy, so
+    more is better: the line says "more accurate" and "less accurate", never "higher" or "lower", which the lines on
+    perplexity before it use the other way round."""
     rows, methods = recent_digits_rows()
     learned, not_learned = in_words.learned_methods(rows, methods)
     family = in_words.retrieval_against_baselines(rows, learned)
@@ -464,20 +511,53 @@ def recent_digits_line() -> str:
         return "; ".join(found) or "none"
 
     def against(baseline: str, name: str) -> str:
-        return f"Against {name}, higher: {named(baseline, 'higher')}; lower: {named(baseline, 'lower')}."
+        return (f"Against {name}, more accurate: {named(baseline, 'higher')}; less accurate: "
+                f"{named(baseline, 'lower')}.")
 
     train_len = _spec(RECENT_DIGITS).model.train_len
     return (f"On chapter 9's digits task (`{RECENT_DIGITS}`: five digits copied in order, trained at {train_len} "
             f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. "
-            f"{against('alibi', 'ALiBi')} {against('rope/yarn', 'RoPE with YaRN')} A difference in exact match "
-            "counts when every seed's exact test finds it the same way, at a 5 % false discovery rate.")
+            f"Exact match is the share of strings copied right, so higher is better. {against('alibi', 'ALiBi')} "
+            f"{against('rope/yarn', 'RoPE with YaRN')} A difference in exact match counts when every seed's exact "
+            "test finds it the same way, at a 5 % false discovery rate.")
+
+
+def cpu_hours(run: str) -> dict:
+    """The unit time of committed run ``run`` in hours: ``units``, ``total`` (the units' recorded seconds, training,
+    evaluation and saving), ``training`` (each unit's training once) and ``evaluation`` (every row's), with the
+    ``device`` the rows name."""
+    rows, units, _ = _load(run)
+    training = {(r["encoding"], r["seed"]): float(r["train_seconds"]) for r in rows}
+    devices = {str(r["device"]) for r in rows}
+    if len(devices) != 1:
+        raise ValueError(f"{run} ran on several devices: {sorted(devices)}")
+    return {"units": len(units), "total": sum(u["seconds"] for u in units) / 3600,
+            "training": sum(training.values()) / 3600,
+            "evaluation": sum(float(r["eval_seconds"] or 0) for r in rows) / 3600, "device": devices.pop()}
+
+
+@lru_cache(maxsize=None)
+def cpu_block() -> str:
+    """How long the headline run takes on two CPU cores, from the committed record of :data:`OTHER_RECIPE`, which
+    ran there on the same bytes: its unit time scaled by the headline run's number of units."""
+    other = cpu_hours(OTHER_RECIPE)
+    if not other["device"].startswith("cpu"):
+        raise ValueError(f"{OTHER_RECIPE} ran on {other['device']}, not on a CPU")
+    units = len(_load(HEADLINE)[1])
+    batch = _spec(OTHER_RECIPE).training.batch_size
+    threads = re.search(r"(\d+) threads?", other["device"])
+    where = f"{threads.group(1)} CPU threads" if threads else other["device"]
+    return (f"On two CPU cores leave `JOBS` at 1. There `{OTHER_RECIPE}`, the same bytes in batches of {batch}, took "
+            f"{other['total']:.1f} hours for its {other['units']} units on {where} ({other['training']:.1f} h "
+            f"training, {other['evaluation']:.1f} h evaluation). At that pace the headline run's {units} units take "
+            f"about {other['total'] * units / other['units']:.1f} hours.")
 
 
 @lru_cache(maxsize=None)
 def blocks(base: str = "") -> dict[str, str]:
     """Every generated block by name; ``base`` goes before the links to committed results."""
     return {"run": run_block(), "answer": answer_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
-            "recent": recent_block()}
+            "recent": recent_block(), "cpu": cpu_block()}
 
 
 def generated_blocks(text: str) -> dict[str, str]:

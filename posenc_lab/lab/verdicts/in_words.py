@@ -287,6 +287,24 @@ def size_in_words(test: Test, cmp: Comparison, train: int, df: pd.DataFrame, mod
     return said
 
 
+#: the ALiBi paper's "the sinusoids break first, then RoPE": "first" says which breaks more at one length
+FIRST_BREAK = "ordering: sinusoidal breaks first, then rotary"
+
+
+def first_in_words(df: pd.DataFrame, mode: str, length: int) -> str:
+    """What "break first" means at ``length`` (the first judged length past training), said after the size of the
+    sinusoids' growth against RoPE's: where both growths are past the break (:data:`~posenc_lab.lab.verdicts.claims.BREAK`),
+    "first" is the larger growth there; otherwise it says which is past it."""
+    from posenc_lab.lab.verdicts.claims import BREAK
+
+    sinusoids, rope = (growth_factor(df, mode, label, length)[0] for label in ("sinusoidal", "rope/none"))
+    if min(sinusoids, rope) > BREAK:
+        return f"; both are past the break ({BREAK:.2f}) at {length:,}, so first means the larger growth there"
+    if sinusoids > BREAK:
+        return f"; at {length:,} only the sinusoids are past the break ({BREAK:.2f})"
+    return f"; at {length:,} neither is past the break ({BREAK:.2f})"
+
+
 def _source(statement: str) -> tuple[str, str]:
     """A claim as :data:`STATEMENTS` says it, split into its words and its source: ``("ALiBi stays flat", "the ALiBi
     paper")``."""
@@ -310,6 +328,8 @@ def answer_table(rows, *, judged_len: int = 2048, alpha: float = ALPHA) -> pd.Da
             out.append({"claim": claim, "source": source, "answer": "No data", "size": "This run cannot judge it"})
             continue
         size = size_in_words(t, cmp, train, df, p["mode"])
+        if part == FIRST_BREAK and isinstance(t.b, Quantity) and t.b.label == "rope/none":
+            size += first_in_words(df, p["mode"], t.a.length)
         if p["verdict"] == "mode-dependent":
             size += f" (in {MODE_WORDS[p['mode']]})"
         out.append({"claim": claim, "source": source, "answer": verdict_in_words(p["verdict"]),
