@@ -19,7 +19,7 @@ rm -rf results/$(1) && mkdir -p results/$(1) && \
 endef
 # float16 weights of seed 0 of the article's encodings, for chapter 9's diagnostics and chapter 4's generation
 define export_seed0
-$(PY) -c "from posenc_lab import results; results.export_models('runs/$(1)', '$(1)', \
+$(PY) -c "from posenc_lab.lab import results; results.export_models('runs/$(1)', '$(1)', \
   ['nope', 'sinusoidal', 'rope', 'alibi', 't5'])"
 endef
 
@@ -134,7 +134,7 @@ results-context-recent: env
 results-digits-recent: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-digits-recent --out runs/retrieval-digits-recent
 	$(call commit_run,retrieval-digits-recent)
-	$(PY) -c "from posenc_lab import results; [results.export_models('runs/retrieval-digits-recent', \
+	$(PY) -c "from posenc_lab.lab import results; [results.export_models('runs/retrieval-digits-recent', \
 	  'retrieval-digits-recent', ['fox'], seed=s) for s in (0, 1, 2)]"
 
 # the old small-amplitude sinusoids with article-cpu's recipe, seed 0 (chapter 8's amplitude comparison; ~8 minutes)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, print_table, write_json  # noqa: E402
 
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import flush_denormals  # noqa: E402
+from posenc_lab.lab.run.training import flush_denormals  # noqa: E402
 
 
 def run(args) -> dict:

@@ -30,7 +30,7 @@ from benchmarks.common import environment, median_time, print_table, write_json 
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.backends import BLOCK, bias_block  # noqa: E402
-from posenc_lab.train import flush_denormals  # noqa: E402
+from posenc_lab.lab.run.training import flush_denormals  # noqa: E402
 
 
 def blocked(q, k, v, mask):

@@ -7,8 +7,8 @@ The experiment's GPT with each encoding (fresh weights: the cost does not depend
 one window of each length without gradients, exactly as ``evaluate()`` runs it (same precision,
 denormals flushed). ``first_ms`` is the first call at a length (with its one-off costs: the
 allocator's first blocks of that size); ``ms`` the median of the calls after it (every later window
-of an evaluation, which reuse the masks the encoding keeps), best of interleaved rounds. The first call
-builds its bias once, for all its layers.
+of an evaluation, which reuse the masks the evaluation holds for its length: ``masks``), best of interleaved
+rounds. The first call builds its bias once, for all its layers.
 ``peak_gib``: the process's peak resident set during the first two calls on
 the CPU (bias building included; everything the process holds counts), peak allocated memory
 on CUDA. ``vs_nope``: ``ms`` over NoPE's at the
@@ -30,7 +30,7 @@ from benchmarks.common import environment, median_time, peak_memory, peak_rss, p
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import autocast, flush_denormals  # noqa: E402
+from posenc_lab.lab.run.training import autocast, flush_denormals  # noqa: E402
 
 
 def build(name: str, args, device: torch.device) -> GPT:
@@ -44,6 +44,7 @@ def run(args) -> dict:
     names = [n for n in args.encodings if n != "learned"]  # a learned table cannot score past its length
     models = {name: build(name, args, device) for name in names}
     rows = {(name, n): {"encoding": name, "length": n, "ms": float("inf")} for name in names for n in args.lengths}
+    held = {(name, n): {} for name in names for n in args.lengths}  # each evaluation's masks, as evaluate() holds them
     bar = tqdm(total=args.rounds * len(rows), desc="long evaluation", disable=args.no_progress)
     for round_ in range(args.rounds):
         for n in args.lengths:
@@ -51,9 +52,9 @@ def run(args) -> dict:
             for name, model in models.items():
                 bar.set_postfix_str(f"{name} {n}")
 
-                def score():
+                def score(masks=held[name, n]):
                     with torch.no_grad(), flush_denormals(), autocast(device):
-                        model(x)
+                        model(x, masks=masks)
 
                 if round_ == 0:  # the first call at a length: timed alone, and its memory counted
                     def first():

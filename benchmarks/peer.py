@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import environment, median_time, print_table, write_json  # noqa: E402
 
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import TrainConfig, flush_denormals, make_optimizer  # noqa: E402
+from posenc_lab.lab.run.training import TrainConfig, flush_denormals, make_optimizer  # noqa: E402
 
 # how x-transformers spells each encoding (the ones it has); sinusoidal is its *scaled* sinusoid
 PEER_OPTIONS = {
@@ -53,7 +53,8 @@ def ours(name, args):
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding=name, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                           train_len=args.train_len))
-    return model, lambda x: model(x), lambda x: model(x)
+    # ``masks``: an evaluation's own, as evaluate() hands every window of one length the masks built once
+    return model, lambda x, masks=None: model(x, masks=masks), lambda x: model(x)
 
 
 def theirs(name, args):
@@ -73,7 +74,7 @@ def theirs(name, args):
     # x-transformers' SDPA path chooses its own kernels, so the FLOP counter cannot see its attention;
     # its einsum path is the same arithmetic on the same weights, and the counter sees all of it
     twin = build(flash=False)
-    return model, lambda x: model(x), lambda x: twin(x)
+    return model, lambda x, masks=None: model(x), lambda x: twin(x)
 
 
 def counted_flops(logits, args) -> float:
@@ -98,6 +99,8 @@ def measurements(build, name, args):
     x = torch.randint(0, 256, (args.batch, args.train_len + 1), generator=g)
     long = torch.randint(0, 256, (1, args.eval_len), generator=g)
 
+    masks = {}  # the evaluation's masks, for the weights of the last training step
+
     def step():
         model.train()
         with flush_denormals():
@@ -105,11 +108,12 @@ def measurements(build, name, args):
             F.cross_entropy(out.reshape(-1, out.shape[-1]), x[:, 1:].reshape(-1)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+        masks.clear()
 
     def evaluate():
         model.eval()
         with torch.no_grad(), flush_denormals():
-            logits(long)
+            logits(long, masks=masks)
 
     return model, step, evaluate
 

@@ -43,7 +43,7 @@ from benchmarks.common import environment, median_time, print_table, write_json 
 
 from posenc_lab.backends import kernels  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import TrainConfig, decay_groups, flush_denormals  # noqa: E402
+from posenc_lab.lab.run.training import TrainConfig, decay_groups, flush_denormals  # noqa: E402
 
 LEVERS = ("compile", "fused-adamw", "one-thread", "one-bias-block")
 

@@ -22,7 +22,7 @@ from benchmarks.common import environment, matmul_tflops, median_time, peak_memo
 
 import posenc_lab as pl  # noqa: E402
 from posenc_lab.model import GPT, GPTConfig  # noqa: E402
-from posenc_lab.train import TrainConfig, autocast, flush_denormals, make_optimizer  # noqa: E402
+from posenc_lab.lab.run.training import TrainConfig, autocast, flush_denormals, make_optimizer  # noqa: E402
 
 
 def build(name: str, args, device: torch.device):

@@ -23,8 +23,8 @@ The core needs torch and einops only. Its public names:
 * the modules ``rope``, ``bias`` and ``absolute`` with every formula as a pure function, and the errors
   ``PosencError`` and ``PositionOutOfRange``.
 
-The experiment (``train``, ``evaluate``, ``experiment``, ``retrieval``, ``context``, ``report``) needs the
-``[lab]`` extra, the figures (``plots``, ``explore``) the ``[book]`` extra.
+The experiment lives in ``posenc_lab.lab``, one folder per stage (``data``, ``run``, ``measure``, ``experiments``,
+``verdicts``, ``figures``); it needs the ``[lab]`` extra, its figures the ``[book]`` extra. The core never imports it.
 """
 
 from . import absolute, bias, rope

@@ -6,12 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .encodings import ENCODINGS
-from .errors import PosencError, TrainingDiverged
-from .extras import MissingExtra, require
-from .jobs import run_jobs
-from .jobs import without_options as _without  # noqa: F401  (argv of a unit's process, for the tests)
-from .rope import ROPE_SCALINGS
+from posenc_lab.encodings import ENCODINGS
+from posenc_lab.errors import PosencError, TrainingDiverged
+from posenc_lab.rope import ROPE_SCALINGS
+from posenc_lab.lab.extras import MissingExtra, require
+from posenc_lab.lab.run.processes import run_jobs
 
 EPILOG = """examples:
   python -m posenc_lab run --preset ci --out runs/smoke
@@ -61,7 +60,8 @@ def version_text() -> str:
     produced its results (the ``git_commit`` of its rows; ``-dirty``: the package's source had uncommitted edits)."""
     from collections import Counter
 
-    from . import __version__, results
+    from posenc_lab import __version__
+    from posenc_lab.lab import results
 
     lines = [f"posenc-lab {__version__} ({Path(__file__).resolve().parent})",
              "committed results shipped with it, by the posenc_lab commit that produced them:"]
@@ -106,10 +106,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _run_parser(sub) -> None:
-    """``run``: the options of a language-model run, each one a setting of :class:`~posenc_lab.specs.Spec` (by its
-    flat name, :meth:`~posenc_lab.parts.Composed.given`) or how to run it."""
-    from .evaluate import MODES
-    from .experiment import ARTICLE_ENCODINGS, PRESETS
+    """``run``: the options of a language-model run, each one a setting of :class:`~posenc_lab.lab.experiments.language_model.Spec` (by its
+    flat name, :meth:`~posenc_lab.lab.experiments.recipe.Composed.given`) or how to run it."""
+    from posenc_lab.lab.experiments.language_model import ARTICLE_ENCODINGS, PRESETS
+    from posenc_lab.lab.measure.perplexity import MODES
 
     r = sub.add_parser("run", help="train and evaluate (continues an interrupted run)", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,8 +163,8 @@ def _run_parser(sub) -> None:
 
 
 def _retrieval_parser(sub) -> None:
-    """``retrieval``: the options of a passkey-retrieval run (of :class:`~posenc_lab.retrieval.RetrievalSpec`)."""
-    from .retrieval import RETRIEVAL_PRESETS
+    """``retrieval``: the options of a passkey-retrieval run (of :class:`~posenc_lab.lab.experiments.retrieval.RetrievalSpec`)."""
+    from posenc_lab.lab.experiments.retrieval import RETRIEVAL_PRESETS
 
     ret = sub.add_parser("retrieval", help="passkey retrieval at 1x to 8x the training length (continues an "
                          "interrupted run)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -202,8 +202,8 @@ def _retrieval_parser(sub) -> None:
 
 
 def _context_parser(sub) -> None:
-    """``context``: the options of the context measurements (of :class:`~posenc_lab.context.ContextSpec`)."""
-    from .context import CONTEXT_PRESETS
+    """``context``: the options of the context measurements (of :class:`~posenc_lab.lab.experiments.context.ContextSpec`)."""
+    from posenc_lab.lab.experiments.context import CONTEXT_PRESETS
 
     ctx = sub.add_parser("context", help="does a trained language model use the context past its training length? "
                          "(the gain from far context and a Python passkey; continues an interrupted run)",
@@ -234,7 +234,8 @@ def _report(folder, figures: bool = True) -> str:
     """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``. Without the
     ``[book]`` extra that draws them (``pip install posenc-lab[lab]`` alone), the figures are skipped with one line
     that names it: the results are in the folder already."""
-    from . import extras, report
+    from posenc_lab.lab import extras
+    from posenc_lab.lab.verdicts import tables as report
 
     text = report.report(folder)
     if figures:
@@ -242,7 +243,7 @@ def _report(folder, figures: bool = True) -> str:
         if absent:
             return text + (f"\n\nfigures skipped: they need the [book] extra (missing: {', '.join(absent)}): "
                            "pip install 'posenc-lab[book]'")
-        from .figures import save_report_figures
+        from posenc_lab.lab.figures.files import save_report_figures
 
         rows, units, _ = report.load(folder)
         written = save_report_figures(rows, units, Path(folder) / "figures")
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
         return 2
     args = parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --jobs hands each unit's process
-    from . import distributed, experiment
+    from posenc_lab.lab.run import distributed
 
     try:
         if args.command in ("run", "retrieval") and distributed.launched_by_torchrun():
@@ -266,7 +267,8 @@ def main(argv=None) -> int:
 
             distributed.init(torch.device(args.device) if args.device else None, backend=args.dist_backend,
                              timeout_s=args.dist_timeout)
-        return _command(args, experiment)
+        COMMANDS[args.command](args)
+        return 0
     except (PosencError, TrainingDiverged) as err:
         print(f"posenc-lab: error: {err}", file=sys.stderr)
         return 2
@@ -318,32 +320,18 @@ def _asked(args, base, overrides: dict) -> dict:
     return overrides
 
 
-def _command(args, experiment) -> int:
-    """Run one command of the parsed ``args``; errors propagate to :func:`main`."""
-    if args.command == "presets":
-        _presets(experiment)
-    elif args.command == "retrieval":
-        _retrieval(args)
-    elif args.command == "context":
-        _context(args)
-    elif args.command == "report":
-        print(_report(args.folder, figures=not args.no_figures))
-    else:
-        _run(args, experiment)
-    return 0
-
-
-def _presets(experiment) -> None:
+def _presets(args) -> None:
     """``presets``: one line for each preset of every kind of run."""
-    from .context import CONTEXT_PRESETS
-    from .retrieval import RETRIEVAL_PRESETS
+    from posenc_lab.lab.experiments.context import CONTEXT_PRESETS
+    from posenc_lab.lab.experiments.language_model import PRESETS
+    from posenc_lab.lab.experiments.retrieval import RETRIEVAL_PRESETS
 
     def trained(spec) -> str:  # the model and its training, in words
         m, t = spec.model, spec.training
         return (f"{m.n_layer} layers, d_model {m.d_model}, {m.n_head} heads, trained at {m.train_len} for {t.steps} "
                 f"steps x {t.batch_size}")
 
-    for name, spec in experiment.PRESETS.items():
+    for name, spec in PRESETS.items():
         print(f"{name:6s} {trained(spec)}; evaluated at {', '.join(map(str, spec.evaluation.eval_lengths))}; "
               f"seeds {list(spec.seeds)}. {spec.notes}")
     for name, spec in RETRIEVAL_PRESETS.items():
@@ -358,7 +346,8 @@ def _presets(experiment) -> None:
 
 def _retrieval(args) -> None:
     """``retrieval``: a passkey-retrieval run, then its report."""
-    from . import distributed, retrieval
+    from posenc_lab.lab.experiments import retrieval
+    from posenc_lab.lab.run import distributed
 
     spec = retrieval.retrieval_preset(args.preset, **retrieval.RetrievalSpec.given(args))
     out = args.out or f"runs/{args.preset}"
@@ -369,7 +358,7 @@ def _retrieval(args) -> None:
 
 def _context(args) -> None:
     """``context``: the context measurements on a run's trained models, then their report."""
-    from . import context
+    from posenc_lab.lab.experiments import context
 
     spec = context.context_preset(args.preset, **context.ContextSpec.given(args))
     if not spec.run:
@@ -383,22 +372,31 @@ def _context(args) -> None:
         print(context.report(out))
 
 
-def _run(args, experiment) -> None:
+def _run(args) -> None:
     """``run``: train and evaluate (or, with ``--extend``, only evaluate what a finished run lacks), then report."""
-    from . import distributed
+    from posenc_lab.lab.experiments.extend_run import extend
+    from posenc_lab.lab.experiments.language_model import Spec, preset, run, units_of
+    from posenc_lab.lab.run import distributed
 
-    base = experiment.preset(args.preset)
-    spec = experiment.preset(args.preset, **_asked(args, base, experiment.Spec.given(args)))
+    spec = preset(args.preset, **_asked(args, preset(args.preset), Spec.given(args)))
     out = args.out or f"runs/{args.preset}"
     if args.extend:
-        experiment.extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
+        extend(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress)
     else:
         if args.jobs > 1:
-            run_jobs(args.units or experiment.units_of(spec), args.jobs, Path(out), args.argv)
-        experiment.run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress,
-                       only=args.units)
+            run_jobs(args.units or units_of(spec), args.jobs, Path(out), args.argv)
+        run(spec, out, corpus=args.corpus, device=args.device, progress=not args.no_progress, only=args.units)
     if not args.no_report and distributed.is_main():
         print(_report(out))
+
+
+def _report_command(args) -> None:
+    """``report``: the text report of a run folder, and its figures."""
+    print(_report(args.folder, figures=not args.no_figures))
+
+
+#: each command of the parser -> the function that runs it with the parsed arguments
+COMMANDS = {"run": _run, "retrieval": _retrieval, "context": _context, "report": _report_command, "presets": _presets}
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from einops import rearrange
 from torch import nn
 
 from .backends import KVCache, SinkCache, attention
-from .encodings import RoPE, make_encoding
+from .encodings import make_encoding
 from .errors import PosencError, check_positive
 
 
@@ -133,7 +133,8 @@ class GPT(nn.Module):
         """The number of parameters (a tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None, reach: int | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, *, cache: list[KVCache] | None = None, reach: int | None = None,
+                masks: dict | None = None) -> torch.Tensor:
         """Token ids ``b n`` -> next-token logits ``b n vocab``.
 
         With ``cache`` (one :class:`KVCache` per layer, from :meth:`new_cache`), ``idx`` are the next
@@ -142,7 +143,15 @@ class GPT(nn.Module):
         mask, :func:`attention`); run at ``W = train_len``, the model never looks further back than it was
         trained to. A layer whose encoding (``encoding.for_layer``) has its own ``window`` or ``chunk`` keeps it:
         the smaller window wins, and a chunk and ``reach`` both apply.
+
+        ``masks``: a dict the caller owns, where the attention backends keep the masks they build from a bias
+        encoding; handed to every later forward pass over the same positions (the same length, no cache) with the
+        same weights, it serves them the masks built once (an evaluation that scores window after window). Only
+        in evaluation: ``eval()`` mode, no gradients.
         """
+        if masks is not None and (self.training or torch.is_grad_enabled() or cache is not None):
+            raise PosencError("masks kept across forward passes are for evaluation without a cache: call "
+                              "model.eval() and run under torch.no_grad()")
         if idx.dim() != 2:
             raise PosencError(f"token ids must be 2-d (batch, positions), got shape {tuple(idx.shape)}")
         # a bad id is one sentence here, not a device-side assert (skipped in CUDA training, where it would sync)
@@ -155,7 +164,7 @@ class GPT(nn.Module):
         if cache is None:  # randomized positions (a variant's hook; the positions themselves otherwise)
             positions = self.encoding.forward_positions(positions, self.training)
         x = self.encoding.embed(self.tok_emb(idx), positions)
-        tables = self.encoding.tables(positions, x.dtype)  # once per forward pass, for every layer
+        tables = self.encoding.tables(positions, x.dtype, shared=masks)  # once per forward pass, for every layer
         n_layer = len(self.blocks)
         for i, (block, layer_cache) in enumerate(zip(self.blocks, cache or [None] * n_layer)):
             encoding = self.encoding.for_layer(i, n_layer)
@@ -200,7 +209,7 @@ class GPT(nn.Module):
         prompt = _checked_prompt(prompt, max_new_tokens, temperature, top_k)
         was_training = self.training
         self.eval()
-        restore = self._fix_scaling(prompt.shape[1] + max_new_tokens, dynamic)
+        restore = self.encoding.pin_length(prompt.shape[1] + max_new_tokens, dynamic)
         if cache is None:
             cache = self.encoding.cacheable
         elif cache and not self.encoding.cacheable:
@@ -238,25 +247,11 @@ class GPT(nn.Module):
         probs = logits.softmax(dim=-1)
         return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
 
-    def _fix_scaling(self, final_len: int, dynamic: str | None):
-        """Fix a length-following RoPE factor at ``final_len`` (and a dynamic-NTK form) for one call; returns
-        the function that restores the encoding as it was."""
-        enc = self.encoding
-        if not isinstance(enc, RoPE):  # RoPE and its variants
-            return lambda: None
-        saved = (enc.scaling, enc.factor, dict(enc.scaling_options), enc.dynamic)
-        factor = max(1.0, final_len / enc.train_len) if enc.factor_follows_length else enc.factor
-        enc.set_scaling(enc.scaling, factor, dynamic=dynamic or enc.dynamic, **enc.scaling_options)
-
-        def restore():
-            enc.set_scaling(saved[0], saved[1], dynamic=saved[3], **saved[2])
-
-        return restore
-
-    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor, *, reach: int | None = None) -> torch.Tensor:
+    def token_losses(self, idx: torch.Tensor, targets: torch.Tensor, *, reach: int | None = None,
+                     masks: dict | None = None) -> torch.Tensor:
         """Cross-entropy in nats of every target token, ``b n``, computed in float32 (0 where the target is ``IGNORE``);
-        ``reach``: as in :meth:`forward`."""
-        logits = self(idx) if reach is None else self(idx, reach=reach)
+        ``reach`` and ``masks``: as in :meth:`forward`."""
+        logits = self(idx, reach=reach, masks=masks)
         return F.cross_entropy(rearrange(logits.float(), "b n v -> (b n) v"), rearrange(targets, "b n -> (b n)"),
                                reduction="none", ignore_index=IGNORE).view_as(targets)
 

@@ -4,7 +4,7 @@ needle depth, at the training length (teacher forcing, as the grid reads exact m
     python scripts/answer_digits.py results/retrieval-multikey-cpu rope 0 [--windows 128]
 
 reads the run's config.json and its weights models/<encoding>-s<seed>.pt (float32 or float16), as
-:func:`posenc_lab.results.model_from_run` builds any run's model.
+:func:`posenc_lab.lab.results.model_from_run` builds any run's model.
 """
 
 import argparse
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
-from posenc_lab import results, retrieval
 from posenc_lab.errors import PosencError
+from posenc_lab.lab import results
+from posenc_lab.lab.data import tasks
+from posenc_lab.lab.experiments import retrieval
 
 
 def main() -> None:
@@ -34,7 +36,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(2026)
     print(f"{args.encoding} seed {args.seed}, {spec.task}, {spec.model.train_len} bytes, {args.windows} windows a depth")
     for depth in spec.depths:
-        x, y, _, _ = retrieval.make_windows(args.windows, spec.model.train_len, depth, generator, spec.task)
+        x, y, _, _ = tasks.make_windows(args.windows, spec.model.train_len, depth, generator, spec.task)
         hits = retrieval.answer_hits(model, x, y).float()
         print(f"depth {depth:4.2f}: right by answer byte " + " ".join(f"{h:.2f}" for h in hits.mean(0).tolist())
               + f"; exact match {hits.prod(-1).mean().item():.2f}")

@@ -30,12 +30,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import matmul_tflops, sync  # noqa: E402
-from posenc_lab import results  # noqa: E402
-from posenc_lab.data import evaluation_text, load_corpus  # noqa: E402
-from posenc_lab.evaluate import evaluate  # noqa: E402
+from posenc_lab.lab import results  # noqa: E402
+from posenc_lab.lab.data.corpora import evaluation_text, load_corpus  # noqa: E402
+from posenc_lab.lab.measure.perplexity import evaluate  # noqa: E402
 from posenc_lab.model import GPT  # noqa: E402
-from posenc_lab.specs import preset, units_of  # noqa: E402
-from posenc_lab.train import TrainConfig, autocast, make_optimizer  # noqa: E402
+from posenc_lab.lab.experiments.language_model import preset, units_of  # noqa: E402
+from posenc_lab.lab.run.training import TrainConfig, autocast, make_optimizer  # noqa: E402
 
 #: the model FLOPs utilisation the optimistic prediction assumes (the compiled path's aim on an H100)
 AIMED_MFU = 0.30

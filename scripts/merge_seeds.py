@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from posenc_lab.runner import collect_rows, write_atomic, write_table
+from posenc_lab.lab.run.units import collect_rows, write_atomic, write_table
 
 #: spec fields that may differ between the merged runs: how the same arithmetic ran, not what was trained
 HOW = {"compile"}

@@ -1,8 +1,8 @@
-"""Rewrite the results tables of run folders in the current schema (:mod:`posenc_lab.schema`).
+"""Rewrite the results tables of run folders in the current schema (:mod:`posenc_lab.lab.run.schema`).
 
 For every run folder (a folder with ``config.json``) under the given root (``results/`` by default): its
 ``results.json`` and ``results.csv``, the rows of each ``units/*.json`` record, and any older table of the same
-run kept beside them (``replicate.csv``) go through :func:`posenc_lab.schema.migrate`. Before a row's ``config``
+run kept beside them (``replicate.csv``) go through :func:`posenc_lab.lab.run.schema.migrate`. Before a row's ``config``
 column is dropped it is checked against the spec ``config.json`` records, so nothing is lost; after the rewrite
 every table is checked to hold the same values as before, but for ``config`` and ``schema``. A context run's
 tables (and its units) carry no spec and are another table: they are left as they are. Running it again changes nothing.
@@ -18,10 +18,11 @@ import csv
 import json
 from pathlib import Path
 
-from posenc_lab import experiment, retrieval
 from posenc_lab.errors import PosencError
-from posenc_lab.experiment import _csv, write_atomic
-from posenc_lab.schema import DROPPED, migrate, migrate_config, migrate_unit
+from posenc_lab.lab.experiments import retrieval
+from posenc_lab.lab.run import units
+from posenc_lab.lab.run.schema import DROPPED, migrate, migrate_config, migrate_unit
+from posenc_lab.lab.run.units import _csv, write_atomic
 
 #: tables of older trainings of a run, kept beside its own (CSV only)
 OLDER_TABLES = ("replicate.csv",)
@@ -56,7 +57,7 @@ def _read_csv(path: Path) -> list[dict]:
 def migrate_run(folder: Path, log=print) -> list[Path]:
     """Rewrite ``folder``'s tables in the current schema; returns the files that changed."""
     config = json.loads((folder / "config.json").read_text())
-    columns = retrieval.COLUMNS if "task" in config else experiment.COLUMNS
+    columns = retrieval.COLUMNS if "task" in config else units.COLUMNS
     changed = []
 
     def write(path: Path, text: str) -> None:

@@ -19,12 +19,12 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _training_is_marked_slow(request, monkeypatch):
-    """The two lanes: a test that takes a training step (``posenc_lab.train``) must be marked ``slow``, so that
+    """The two lanes: a test that takes a training step (``posenc_lab.lab.run.training``) must be marked ``slow``, so that
     ``make test-fast`` (``-m "not slow"``) trains nothing."""
     if request.node.get_closest_marker("slow"):
         yield
         return
-    from posenc_lab import train
+    from posenc_lab.lab.run import training as train
 
     steps, original = [], train._step
     monkeypatch.setattr(train, "_step", lambda *args, **kwargs: steps.append(1) or original(*args, **kwargs))

@@ -15,9 +15,9 @@ import torch
 
 
 def evaluate_sharded(out: Path) -> dict:
-    from posenc_lab import distributed
-    from posenc_lab.data import load_corpus
-    from posenc_lab.evaluate import evaluate
+    from posenc_lab.lab.data.corpora import load_corpus
+    from posenc_lab.lab.measure.perplexity import evaluate
+    from posenc_lab.lab.run import distributed
     from tests.test_distributed import tiny_model
 
     distributed.init(torch.device("cpu"), timeout_s=60)
@@ -38,7 +38,7 @@ def main():
         args = sys.argv[sys.argv.index("--") + 1 :]
         if "--die-after" in sys.argv and rank == 1:
             calls = int(sys.argv[sys.argv.index("--die-after") + 1])
-            from posenc_lab import distributed
+            from posenc_lab.lab.run import distributed
 
             original = distributed.mean_over_processes
 

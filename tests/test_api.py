@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import posenc_lab as pl
 from posenc_lab import ENCODINGS, KVCache, PosencError, attention, bias_tensor, make_encoding, rope
-from posenc_lab.extras import EXTRAS
+from posenc_lab.lab.extras import EXTRAS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,11 +169,12 @@ def test_half_precision_inputs_keep_their_dtype(dtype, backend, name):
 # --------------------------------------------------------------------------------------------- the command line
 
 def _spec(argv):
-    from posenc_lab import __main__ as cli, experiment
+    from posenc_lab import __main__ as cli
+    from posenc_lab.lab.experiments import language_model
 
     args = cli.parser().parse_args(argv)
-    overrides = experiment.Spec.given(args)
-    return experiment.preset(args.preset, **cli._asked(args, experiment.PRESETS[args.preset], overrides))
+    overrides = language_model.Spec.given(args)
+    return language_model.preset(args.preset, **cli._asked(args, language_model.PRESETS[args.preset], overrides))
 
 
 def test_seeds_apply_to_every_encoding_named():
@@ -190,8 +191,8 @@ def test_only_the_asked_modes_are_validated():
     assert sliding.evaluation.sliding == ((512, 256), (2048, 1024))
 
 
-@pytest.mark.parametrize("module,extra", [("posenc_lab.train", "lab"), ("posenc_lab.stats", "lab"),
-                                          ("posenc_lab.plots", "book")])
+@pytest.mark.parametrize("module,extra", [("posenc_lab.lab.run.training", "lab"), ("posenc_lab.lab.verdicts.statistics", "lab"),
+                                          ("posenc_lab.lab.figures.plots", "book")])
 def test_a_missing_extra_is_one_line_naming_the_install(module, extra):
     """With the extra's modules hidden, importing a lab or book module says which extra to install."""
     hide = "\n".join([

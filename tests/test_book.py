@@ -14,7 +14,7 @@ import jupytext
 import pytest
 import yaml
 
-from posenc_lab import explore
+from posenc_lab.lab.figures import interactive as explore
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.md"))
@@ -141,7 +141,7 @@ def test_colab_like_environment_installs_the_package(colab):
     before = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=root, env=env)
     assert before.stdout.strip() == "True", "the simulated Colab already has posenc_lab"
     cell = install_cell(NOTEBOOKS[0])
-    check = cell + ("\nimport posenc_lab\nfrom posenc_lab import results\nprint('device', device, 'posenc_lab', "
+    check = cell + ("\nimport posenc_lab\nfrom posenc_lab.lab import results\nprint('device', device, 'posenc_lab', "
                     "posenc_lab.__version__, posenc_lab.__file__, results.folder('cpu'))\n")
     result = subprocess.run([str(py), "-c", check], capture_output=True, text=True, cwd=root, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,7 +9,7 @@ import pytest
 import tables
 from tables import LENGTHS
 
-from posenc_lab import claims, findings, report
+from posenc_lab.lab.verdicts import claims, in_words, statistics, tables as report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def verdicts_of(world, seeds=(0, 1, 2)):
 def test_the_rule_states_scale_floor_margins_and_modes():
     for words in ("log scale", "log 1.01", "Holm", "intersection-union", "two one-sided tests", "80 % power",
                   "mode-dependent", "Sliding windows are the primary mode", "Fisher's exact test"):
-        assert words in report.RULE, words
+        assert words in claims.RULE, words
 
 
 def test_claims_hold_where_they_should():
@@ -115,9 +115,9 @@ def test_the_primary_mode_decides_and_opposite_modes_are_mode_dependent():
     row = report.verdict_table(rows, judged_lens=(512,)).loc["1: a (slightly worse at training length)"]
     assert row[("sliding", 512)] == "holds" and row[("nonoverlapping", 512)] == "fails"
     assert row[("decided", 512)] == "mode-dependent"
-    found = {f["part"]: f for f in findings.findings(rows, judged_len=512)}["1: a (slightly worse at training length)"]
+    found = {f["part"]: f for f in in_words.findings(rows, judged_len=512)}["1: a (slightly worse at training length)"]
     assert found["verdict"] == "mode-dependent" and found["mode"] == "sliding" and "effect_sensitivity" in found
-    assert "**Mode-dependent.**" in findings.findings_markdown(rows, judged_len=512)
+    assert "**Mode-dependent.**" in in_words.findings_markdown(rows, judged_len=512)
     unclear = dict(ARTICLE_WORLD, alibi=(6.4, 6.3, 6.35))  # equal to RoPE at the training length: not resolved
     row = report.verdict_table(_two_modes(ARTICLE_WORLD, unclear), judged_lens=(512,)).loc[
         "1: a (slightly worse at training length)"]
@@ -129,13 +129,13 @@ def test_the_primary_mode_decides_and_opposite_modes_are_mode_dependent():
 def test_a_run_without_sliding_windows_is_decided_in_non_overlapping_ones():
     rows = rows_from(ARTICLE_WORLD)
     assert claims.primary_mode(rows, judged_len=512) == "nonoverlapping"
-    assert {f["mode"] for f in findings.findings(rows, judged_len=512)} == {"nonoverlapping"}
+    assert {f["mode"] for f in in_words.findings(rows, judged_len=512)} == {"nonoverlapping"}
 
 
 def test_equivalence_is_statsmodels_two_one_sided_tests():
     from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
 
-    from posenc_lab.stats import compare, compare_paired, equivalence_p
+    from posenc_lab.lab.verdicts.statistics import compare, compare_paired, equivalence_p
 
     rng = np.random.default_rng(3)
     a, b = rng.normal(0.0, 0.01, 5), rng.normal(0.004, 0.01, 5)
@@ -149,7 +149,7 @@ def test_equivalence_is_statsmodels_two_one_sided_tests():
 def test_power_is_statsmodels_smallest_effect_at_the_observed_spread():
     from statsmodels.stats.power import TTestIndPower, TTestPower
 
-    from posenc_lab.stats import compare, compare_paired, smallest_resolved
+    from posenc_lab.lab.verdicts.statistics import compare, compare_paired, smallest_resolved
 
     rng = np.random.default_rng(4)
     a, b = rng.normal(1.0, 0.03, 5), rng.normal(1.02, 0.03, 5)
@@ -204,16 +204,16 @@ def test_side_by_side_recipes_agree_with_each_run_and_an_independent_t_test():
     import numpy as np
     from scipy import stats as scipy_stats
 
-    from posenc_lab import report
+    from posenc_lab.lab.verdicts import claims, statistics, tables as report
 
     runs = {name: report.load(ROOT / "results" / name)[0] for name in ("article-long", "article-long-b4")}
-    side = findings.side_by_side(runs)
+    side = in_words.side_by_side(runs)
     for name, rows in runs.items():
         assert side[(name, "verdict")].to_dict() == claims.decided(rows)
     assert list(side[("all runs", "same verdict")]) == [
         side.loc[c, ("article-long", "verdict")] == side.loc[c, ("article-long-b4", "verdict")] for c in side.index]
     # T5's growth to 2,048 against plain RoPE's (sliding), independently: a paired t-test on the log growths
-    df = report.frame(runs["article-long-b4"])
+    df = statistics.frame(runs["article-long-b4"])
     sliding = df[df.eval_mode == "sliding"]
 
     def log_growth(label):
@@ -229,50 +229,50 @@ def test_side_by_side_recipes_agree_with_each_run_and_an_independent_t_test():
 
 
 def test_deciding_prefers_a_comparison_resolved_against_the_claim():
-    from posenc_lab.stats import compare_design
+    from posenc_lab.lab.verdicts.statistics import compare_design
 
     quiet = compare_design(np.array([1.0, 1.02, 0.99]), np.array([1.0, 1.01, 1.0]))
     against = compare_design(np.array([2.0, 2.1, 2.05]), np.array([1.0, 1.02, 1.01]))
     a = claims.Quantity("level", "a", 512)
     tests = [(claims.Test(a, a, "<"), quiet), (claims.Test(a, a, "<"), against)]
-    assert findings.deciding(tests)[1] is against
-    assert findings.deciding(tests[:1])[1] is quiet
+    assert in_words.deciding(tests)[1] is against
+    assert in_words.deciding(tests[:1])[1] is quiet
 
 
 def test_findings_say_each_decided_verdict_with_the_comparison_it_rests_on():
     rows = report.load(ROOT / "results" / "article-long")[0]
-    found = findings.findings(rows)
+    found = in_words.findings(rows)
     assert [f["verdict"] for f in found] == list(claims.decided(rows).values())
-    side = findings.side_by_side({"run": rows})
+    side = in_words.side_by_side({"run": rows})
     for f in found:
         rests_on = side.loc[f["part"], ("run", "rests on")]
         assert f["mode"] in rests_on and f["mode"] == "sliding"
-    text = findings.findings_markdown(rows)
+    text = in_words.findings_markdown(rows)
     assert text.count("\n") == len(found) - 1 and "seeds resolve a difference of" in text
     assert all("(sliding windows" in line for line in text.splitlines())  # one mode printed on every line
-    assert findings.verdict_in_words("not resolved (too few seeds)") == "Not resolved: too few seeds"
-    assert findings.verdict_in_words("equal within 1 %") == "Equal within 1 %"
+    assert in_words.verdict_in_words("not resolved (too few seeds)") == "Not resolved: too few seeds"
+    assert in_words.verdict_in_words("equal within 1 %") == "Equal within 1 %"
 
 
 def test_effect_in_words_reads_a_level_and_a_line():
-    from posenc_lab.stats import compare_design
+    from posenc_lab.lab.verdicts.statistics import compare_design
 
     c = compare_design(np.array([2.0, 2.02, 1.98]), np.array([2.2, 2.21, 2.19]))
     level = claims.Test(claims.Quantity("level", "alibi", 512), claims.Quantity("level", "rope/none", 512), "<")
-    assert findings.effect_in_words(level, c, 512).startswith(f"ALiBi's perplexity at 512 is {c.ratio:.2f} times RoPE's")
+    assert in_words.effect_in_words(level, c, 512).startswith(f"ALiBi's perplexity at 512 is {c.ratio:.2f} times RoPE's")
     line = claims.Test(claims.Quantity("growth", "t5", 1024), 1.1, "<")
-    assert f"changes by a factor of {c.ratio * 1.1:.3f} from 512 to 1,024" in findings.effect_in_words(line, c, 512)
+    assert f"changes by a factor of {c.ratio * 1.1:.3f} from 512 to 1,024" in in_words.effect_in_words(line, c, 512)
 
 
 def test_growth_is_said_as_growth_factors_and_a_difference_in_nats():
     """Two growths are never said as "X times the growth": each is a growth factor with its interval, and the
     comparison is the difference of their logs in nats."""
     rows = rows_from(ARTICLE_WORLD)
-    df = report.frame(rows)
+    df = statistics.frame(rows)
     test = claims.Test(claims.Quantity("growth", "t5", 512), claims.Quantity("growth", "rope/none", 512), ">")
     c = claims.run_test(df, "nonoverlapping", test)
-    text = findings.effect_in_words(test, c, 128, df, "nonoverlapping")
-    g_t5 = findings.growth_factor(df, "nonoverlapping", "t5", 512)[0]
+    text = in_words.effect_in_words(test, c, 128, df, "nonoverlapping")
+    g_t5 = in_words.growth_factor(df, "nonoverlapping", "t5", 512)[0]
     assert g_t5 == pytest.approx(30.0 / 6.45, rel=0.01)
     assert text.startswith(f"T5's perplexity grows by a factor of {g_t5:.3g}") and "nats" in text
     assert f"{c.diff:+.3f} nats" in text and "times" not in text
@@ -281,7 +281,7 @@ def test_growth_is_said_as_growth_factors_and_a_difference_in_nats():
 def test_side_by_side_domains_hold_each_committed_runs_decided_verdicts():
     """The domains' table of chapter 10 (Python and English prose, the headline recipe) is each run's own."""
     runs = {name: report.load(ROOT / "results" / name)[0] for name in ("article-long-b4", "prose-long-b4")}
-    side = findings.side_by_side(runs)
+    side = in_words.side_by_side(runs)
     for name, rows in runs.items():
         assert side[(name, "verdict")].to_dict() == claims.decided(rows)
 
@@ -296,11 +296,11 @@ def test_verdict_figure_draws_each_claims_interval_and_marks_its_verdict():
     import matplotlib.colors as mcolors
     import matplotlib.pyplot as plt
 
-    from posenc_lab import plots
+    from posenc_lab.lab.figures import plots
 
     world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0))  # 1a, 1b and "stays flat" do not hold
     rows = rows_from(world)
-    effects = findings.verdict_effects(rows, judged_len=512)
+    effects = in_words.verdict_effects(rows, judged_len=512)
     verdicts = dict(zip(effects["part"], effects["verdict"]))
     assert verdicts["1: a (slightly worse at training length)"] == "fails"
     assert verdicts["3: clearly worse than RoPE"] == "holds"
@@ -338,19 +338,19 @@ def test_answer_table_says_each_verdict_and_its_size_in_plain_words():
     interval."""
     world = dict(ARTICLE_WORLD, alibi=(6.3, 8.0, 20.0))  # ALiBi better at 128, then grows 3.2-fold by 512
     rows = rows_from(world)
-    table = findings.answer_table(rows, judged_len=512)
+    table = in_words.answer_table(rows, judged_len=512)
     assert list(table.columns) == ["claim", "source", "answer", "size"]
-    assert len(table) == len(findings.findings(rows, judged_len=512))
+    assert len(table) == len(in_words.findings(rows, judged_len=512))
     by = dict(zip(table["claim"], zip(table["answer"], table["size"])))
     answer, size = by["ALiBi is slightly worse than RoPE at the training length"]
     below = 1 - _mean_log_ratio(rows, "alibi", "rope/none")
     assert answer == "Does not hold"
-    assert size.startswith(f"ALiBi's perplexity at 128 is {findings._pct(below)} below RoPE's")
+    assert size.startswith(f"ALiBi's perplexity at 128 is {in_words._pct(below)} below RoPE's")
     assert "slightly worse means 1 % to 10 % above" in size
     answer, size = by["ALiBi stays flat"]
     grown = _mean_log_ratio(rows, "alibi", "alibi", length_a=512, length_b=128)
     assert answer == "Does not hold" and grown > 3
-    assert f"ALiBi's perplexity grows {findings._times(grown)}-fold from 128 to 512" in size
+    assert f"ALiBi's perplexity grows {in_words._times(grown)}-fold from 128 to 512" in size
     assert set(table["source"]) == {"the article", "our question", "the ALiBi paper"}
     for text in table["size"]:
         assert "p =" not in text and "[" not in text and "nats" not in text, text
@@ -358,7 +358,7 @@ def test_answer_table_says_each_verdict_and_its_size_in_plain_words():
 
 def test_answer_table_names_the_lengths_and_margins_the_words_set():
     rows = rows_from(ARTICLE_WORLD)
-    table = findings.answer_table(rows, judged_len=512).set_index("claim")
+    table = in_words.answer_table(rows, judged_len=512).set_index("claim")
     assert (table.loc[["ALiBi is slightly worse than RoPE at the training length", "ALiBi stays flat",
                        "T5 holds to about twice the training length, and no further"], "answer"] == "Holds").all()
     assert "from 128 to 256" in table.loc["The sinusoids break first, then RoPE", "size"]  # judged at 2x, not 4x
@@ -367,10 +367,10 @@ def test_answer_table_names_the_lengths_and_margins_the_words_set():
         "T5 holds to about twice the training length, and no further", "size"]
     t5 = table.loc["T5's bias extrapolates clearly worse than ALiBi", "size"]
     ratio = _mean_log_ratio(rows, "t5", "t5", length_a=512) / _mean_log_ratio(rows, "alibi", "alibi", length_a=512)
-    assert f"T5's growth is {findings._times(ratio)} times ALiBi's" in t5 and "at least 10 % above" in t5
-    equal = findings.answer_table(rows_from(dict(ARTICLE_WORLD, t5=(6.5, 6.4, 6.45))), judged_len=512)
+    assert f"T5's growth is {in_words._times(ratio)} times ALiBi's" in t5 and "at least 10 % above" in t5
+    equal = in_words.answer_table(rows_from(dict(ARTICLE_WORLD, t5=(6.5, 6.4, 6.45))), judged_len=512)
     assert "Equal within 1 %" in set(equal["answer"])
-    alone = findings.answer_table(rows_from(ARTICLE_WORLD, seeds=(0,)), judged_len=512)
+    alone = in_words.answer_table(rows_from(ARTICLE_WORLD, seeds=(0,)), judged_len=512)
     assert set(alone["answer"]) <= {"Not resolved: too few seeds", "Not resolved: the difference is under 1 %",
                                     "No data"}
 
@@ -378,9 +378,9 @@ def test_answer_table_names_the_lengths_and_margins_the_words_set():
 def test_answer_markdown_is_one_row_a_claim_and_says_a_mode_dependent_size_in_its_mode():
     worse = dict(ARTICLE_WORLD, alibi=(6.3, 6.2, 6.25))
     rows = _two_modes(ARTICLE_WORLD, worse)
-    text = findings.answer_markdown(rows, judged_len=512)
+    text = in_words.answer_markdown(rows, judged_len=512)
     lines = text.splitlines()
     assert lines[:2] == ["| claim | our answer | its size |", "|---|---|---|"]
-    assert len(lines) == 2 + len(findings.answer_table(rows, judged_len=512))
+    assert len(lines) == 2 + len(in_words.answer_table(rows, judged_len=512))
     row = next(line for line in lines if line.startswith("| ALiBi is slightly worse"))
     assert "(the article) | **Mode-dependent** |" in row and row.endswith("(in sliding windows) |")

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc_lab import PosencError
-from posenc_lab import context as cx
-from posenc_lab import passkey as pk
 from posenc_lab.model import GPT, GPTConfig
+from posenc_lab.lab.experiments import context as cx
+from posenc_lab.lab.measure import far_context, passkey, passkey as pk, streaming
 
 
 def toy(encoding="alibi", n_layer=1, seed=0):
@@ -27,7 +27,7 @@ def stream_with_repeats(n=400, seed=1):
 def test_far_repeats_against_a_brute_force_search():
     s = stream_with_repeats(300)
     for reach, ngram in [(5, 3), (20, 4), (1, 2)]:
-        got = cx.far_repeats(s, 17, 128, reach, ngram)
+        got = far_context.far_repeats(s, 17, 128, reach, ngram)
         data = s[17 : 17 + 129].tolist()
         for t in range(1, 129):  # target t of the window
             occurrences = [u for u in range(ngram - 1, t) if t >= ngram - 1
@@ -43,7 +43,7 @@ def test_gain_against_a_hand_computation(encoding):
     model, s = toy(encoding), stream_with_repeats(400)
     length, reach, block = 32, 8, 64
     blocks = [0, 150]
-    got = cx.gain(model, s, length=length, reach=reach, blocks=blocks, block_tokens=block, threshold=0.05, ngram=3)
+    got = far_context.gain(model, s, length=length, reach=reach, blocks=blocks, block_tokens=block, threshold=0.05, ngram=3)
     full, limited = [], []
     with torch.no_grad():
         for offset in blocks:
@@ -73,9 +73,9 @@ def test_gain_against_a_hand_computation(encoding):
 def test_gain_refuses_a_length_within_reach_and_reports_a_table_that_cannot_extrapolate():
     model, s = toy("nope"), stream_with_repeats(200)
     with pytest.raises(PosencError, match="must exceed the reach"):
-        cx.gain(model, s, length=8, reach=8, blocks=[0], block_tokens=64)
+        far_context.gain(model, s, length=8, reach=8, blocks=[0], block_tokens=64)
     learned = toy("learned")
-    assert cx.gain(learned, s, length=16, reach=8, blocks=[0], block_tokens=64)["status"] == "cannot extrapolate"
+    assert far_context.gain(learned, s, length=16, reach=8, blocks=[0], block_tokens=64)["status"] == "cannot extrapolate"
 
 
 PY = b'''import os
@@ -145,7 +145,7 @@ def test_planted_line_keeps_its_document_parseable():
 
 def test_digit_hits_read_the_last_positions():
     class Echo(torch.nn.Module):  # predicts the next byte as the current byte + 1
-        def forward(self, x):
+        def forward(self, x, masks=None):
             return F.one_hot((x + 1) % 256, 256).float()
 
     inputs = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
@@ -166,7 +166,7 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     assert pk.choose(logits, pk.DIGIT_BYTES).tolist() == [[ord("3"), ord("4"), ord("5")]] * 2
 
     class Fixed(torch.nn.Module):
-        def forward(self, x):
+        def forward(self, x, masks=None):
             return logits[:, :1].expand(len(x), x.shape[1], 256)
 
     keys = torch.tensor([[ord("3")] * 3, [ord("7")] * 3])
@@ -175,22 +175,22 @@ def test_the_choice_among_digits_ignores_every_other_byte():
     assert among.tolist() == [[True] * 3, [False] * 3]
 
 
-def test_the_context_module_still_offers_the_names_of_its_measurements():
-    """``context.<name>`` reaches the gain's and the passkey's names, the very objects of their own modules."""
-    from posenc_lab import gain as gn
+def test_the_measurements_of_the_context_runs_live_in_their_own_modules():
+    """The gain's and the passkey's names are defined in ``measure.far_context`` and ``measure.passkey``, where every
+    import names them (``tests/test_architecture.py``); the context module is the run, its presets and its report."""
+    from posenc_lab.lab.measure import far_context as gn
 
-    for module, names in ((gn, ["THRESHOLD", "NGRAM", "far_repeats", "gain", "gain_table", "windowed_verdicts",
-                                "far_context_family"]),
-                          (pk, ["PASSKEY_DIGITS", "PasskeyText", "plant_line", "question", "statement_lines",
-                                "passkey_windows", "answer_logits", "choose", "passkey_table"])):
+    for module, names in ((gn, ["far_repeats", "gain", "gain_table", "windowed_verdicts", "far_context_family"]),
+                          (pk, ["PasskeyText", "plant_line", "question", "statement_lines", "passkey_windows",
+                                "answer_logits", "choose", "passkey_table"])):
         for name in names:
-            assert getattr(cx, name) is getattr(module, name), f"context.{name}"
-    assert not hasattr(cx, "answer_hits") and not hasattr(cx, "DIGITS")  # one meaning per name: see retrieval's
+            assert getattr(module, name).__module__ == module.__name__, name
+    assert not hasattr(cx, "far_repeats") and not hasattr(cx, "answer_hits") and not hasattr(cx, "DIGITS")
 
 
 @pytest.mark.slow
 def test_context_runner_end_to_end_and_resumes(tmp_path):
-    from posenc_lab import experiment
+    from posenc_lab.lab.experiments import language_model as experiment
 
     trained = tmp_path / "trained"
     experiment.run(experiment.preset("ci", encodings=("rope", "alibi", "learned")), trained, progress=False,
@@ -245,8 +245,8 @@ def test_context_jobs_split_the_units_and_match_one_process(tmp_path, capsys):
     """context --jobs measures each trained model in its own process on one folder; --unit measures one."""
     import json
 
-    from posenc_lab import experiment
     from posenc_lab.__main__ import main
+    from posenc_lab.lab.experiments import language_model as experiment
 
     trained = tmp_path / "trained"
     experiment.run(experiment.preset("ci", encodings=("rope", "alibi")), trained, progress=False, log=lambda *a: None)
@@ -268,10 +268,10 @@ def test_context_jobs_split_the_units_and_match_one_process(tmp_path, capsys):
 
 
 def test_each_job_gets_its_own_unit_only():
-    from posenc_lab.__main__ import _without
+    from posenc_lab.lab.run.processes import without_options
 
     argv = ["context", "--unit", "rope:0", "--jobs", "4", "--unit=t5:1", "--seeds", "0"]
-    assert _without(argv, ("--unit", "--jobs")) == ["context", "--seeds", "0"]
+    assert without_options(argv, ("--unit", "--jobs")) == ["context", "--seeds", "0"]
 
 
 def test_the_prose_context_presets_plant_no_python_passkey():
@@ -281,7 +281,7 @@ def test_the_prose_context_presets_plant_no_python_passkey():
 
 @pytest.mark.parametrize("name", ["context-long", "context-variants", "context-recent"])
 def test_the_context_presets_of_other_runs_measure_only_that_runs_encodings(name):
-    from posenc_lab import experiment
+    from posenc_lab.lab.experiments import language_model as experiment
 
     spec = cx.context_preset(name)
     trained = experiment.preset({"context-long": "article-long", "context-variants": "variants-cpu",
@@ -311,7 +311,7 @@ def test_streaming_with_sinks_against_recomputation(encoding, sinks):
     those tokens (computed here without any cache)."""
     model, s = toy(encoding), stream_with_repeats(70).long()
     window = 10
-    got = cx.streaming_losses(model, s, window=window, sinks=sinks)
+    got = streaming.streaming_losses(model, s, window=window, sinks=sinks)
     want = []
     with torch.no_grad():
         for t in range(len(s) - 1):
@@ -324,7 +324,7 @@ def test_streaming_with_sinks_against_recomputation(encoding, sinks):
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "learned", "sinusoidal"])
 def test_a_sink_cache_longer_than_the_stream_is_the_plain_cache(encoding):
     model, s = toy(encoding, n_layer=3), stream_with_repeats(8).long()  # learned: 8 positions
-    got = cx.streaming_losses(model, s, window=50, sinks=4)
+    got = streaming.streaming_losses(model, s, window=50, sinks=4)
     with torch.no_grad():
         want = model.token_losses(s[None, :-1], s[None, 1:])[0].double()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -342,7 +342,7 @@ def test_sink_cache_gives_each_new_token_the_slot_attention_uses():
     seen = []
     original = model.encoding.embed
     model.encoding.embed = lambda x, positions: seen.append(positions.tolist()) or original(x, positions)
-    cx.streaming_losses(model, s, window=5, sinks=2)
+    streaming.streaming_losses(model, s, window=5, sinks=2)
     assert seen[0] == list(range(7)) and all(p == [6] for p in seen[1:]) and len(seen) == 1 + (29 - 7)
 
 
@@ -363,7 +363,7 @@ def test_sink_cache_errors_are_one_sentence():
 
 
 def test_first_token_mass_is_the_weight_on_key_zero():
-    from posenc_lab import diagnostics
+    from posenc_lab.lab.measure import diagnostics
 
     model, s = toy("alibi", n_layer=2), stream_with_repeats(30).long()
     mass = diagnostics.first_token_mass(model, s[None], min_query=5)
@@ -379,7 +379,7 @@ def test_a_committed_run_without_language_models_is_refused(name):
 
 
 def test_the_committed_context_run_has_its_three_tables_and_every_seed():
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     rows = results.rows("context-cpu")
     gains, keys, streams = (results.read_json("context-cpu", t) for t in results.CONTEXT_TABLES)
@@ -387,34 +387,34 @@ def test_the_committed_context_run_has_its_three_tables_and_every_seed():
     assert {r["seed"] for r in gains} == {r["seed"] for r in keys} == {0, 1, 2}
     assert {r["encoding"] for r in streams} == {"nope", "rope", "alibi"}
     # 9 encodings with RoPE's 5 strategies at 3 lengths, less learned (it cannot run past 512)
-    assert len(cx.gain_table(gains)) == 12 * 3
+    assert len(far_context.gain_table(gains)) == 12 * 3
     assert {r["status"] for r in gains if r["encoding"] == "learned"} == {"cannot extrapolate"}
 
 
 def test_the_committed_context_run_of_the_long_models_has_every_seed_and_the_choice_among_digits():
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     gains, keys, streams = (results.read_json("context-long", t) for t in results.CONTEXT_TABLES)
     assert {r["seed"] for r in gains} == {r["seed"] for r in keys} == {r["seed"] for r in streams} == {0, 1, 2}
     # the article's five encodings, RoPE with its five strategies, at 3 lengths
-    assert len(cx.gain_table(gains)) == 9 * 3 and {r["status"] for r in gains} == {"ok"}
+    assert len(far_context.gain_table(gains)) == 9 * 3 and {r["status"] for r in gains} == {"ok"}
     assert all(r["run"] == "runs/article-long" for r in gains)
     assert all(not math.isnan(r["choice_accuracy"]) for r in keys if r["status"] == "ok")
 
 
 def test_the_committed_context_run_of_the_variants_measures_the_gain_alone_on_every_seed():
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     gains, keys, streams = (results.read_json("context-variants", t) for t in results.CONTEXT_TABLES)
     assert keys == [] and streams == [] and {r["seed"] for r in gains} == {0, 1, 2}
     # 7 variants and RoPE with none, yarn and llama3, at 3 lengths; randomized learned runs to M = 8192
-    assert len(cx.gain_table(gains)) == 10 * 3 and {r["status"] for r in gains} == {"ok"}
+    assert len(far_context.gain_table(gains)) == 10 * 3 and {r["status"] for r in gains} == {"ok"}
 
 
 def test_the_committed_context_run_of_the_recent_methods_pairs_with_context_cpu():
     """Chapter 13 sets context-recent's rows beside context-cpu's ALiBi, RoPE and YaRN: the two must score the
     same bytes at the same lengths and reach, every seed of every method."""
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     gains, keys, streams = (results.read_json("context-recent", t) for t in results.CONTEXT_TABLES)
     assert keys == [] and streams == [] and {r["status"] for r in gains} == {"ok"}
@@ -424,7 +424,7 @@ def test_the_committed_context_run_of_the_recent_methods_pairs_with_context_cpu(
         assert recent["spec"][key] == cpu["spec"][key]
     assert {(r["encoding"], r["seed"]) for r in gains} == {(e, s) for e in cx.context_preset("context-recent").encodings
                                                            for s in (0, 1, 2)}
-    assert len(cx.gain_table(gains)) == 9 * 3
+    assert len(far_context.gain_table(gains)) == 9 * 3
 
 
 def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
@@ -438,7 +438,7 @@ def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
                  row("rope", "yarn", seed, 1.7 + jitter, 1.75 + 1.5 * jitter),  # helped, but worse than the window
                  row("nope", "-", seed, 1.5 + jitter, 1.58 + 2 * jitter),  # helped, and better than the window
                  row("alibi", "-", seed, 1.8, 1.8)]                          # ignores it: no spread, no test
-    table = cx.windowed_verdicts(rows, 1024)
+    table = far_context.windowed_verdicts(rows, 1024)
     assert table.loc["rope/none", "uses the far context"] == "fails"
     assert table.loc["rope/yarn", "uses the far context"] == "holds"
     assert table.loc["rope/yarn", "beats the window"] == "fails"
@@ -447,7 +447,7 @@ def test_windowed_verdicts_follow_the_rule_on_hand_made_rows():
     assert table.loc["rope/yarn", "window"] == pytest.approx(1.6)
     assert (table["seeds"] == 3).all()
     with pytest.raises(PosencError, match="no finished gain rows"):
-        cx.windowed_verdicts(rows, 2048)
+        far_context.windowed_verdicts(rows, 2048)
 
 
 def test_choice_accuracy_counts_only_the_rows_that_measured_it():
@@ -456,10 +456,10 @@ def test_choice_accuracy_counts_only_the_rows_that_measured_it():
              "trials": 10, "correct": 0, "digit_accuracy": 0.1, "first_digit_accuracy": 0.0, "distance_mean": 100.0}
         return r if choice is None else {**r, "choice_accuracy": choice}
 
-    table = cx.passkey_table([row(0, 0.5), row(1, None)])  # seed 1's unit was made before the column existed
+    table = passkey.passkey_table([row(0, 0.5), row(1, None)])  # seed 1's unit was made before the column existed
     assert table.loc[("rope/none", 512), "choice_accuracy"] == pytest.approx(0.5)
     assert table.loc[("rope/none", 512), "choice_trials"] == 10
-    assert math.isnan(cx.passkey_table([row(0, None)]).loc[("rope/none", 512), "choice_accuracy"])
+    assert math.isnan(passkey.passkey_table([row(0, None)]).loc[("rope/none", 512), "choice_accuracy"])
 
 
 def test_windowed_verdicts_pair_by_seed_not_by_order_and_refuse_duplicates():
@@ -470,15 +470,15 @@ def test_windowed_verdicts_pair_by_seed_not_by_order_and_refuse_duplicates():
     base = {0: 1.60, 1: 1.90, 2: 1.75, 3: 1.70}  # large differences between seeds, small within a seed
     rows = [row("rope", "none", s, 2.5, base[s]) for s in (0, 1, 2, 3)]
     rows += [row("nope", "-", s, base[s] - 0.05 - 0.001 * s, base[s] + 0.2) for s in (3, 1, 0)]  # other order
-    table = cx.windowed_verdicts(rows, 1024)
+    table = far_context.windowed_verdicts(rows, 1024)
     assert table.loc["nope", "beats the window"] == "holds"  # only when paired by seed
     assert table.loc["nope", "seeds"] == 3  # seed 2 has no nope row: three pairs
     with pytest.raises(PosencError, match="more than one row for a seed"):
-        cx.windowed_verdicts(rows + [row("nope", "-", 1, 1.8, 1.9)], 1024)
+        far_context.windowed_verdicts(rows + [row("nope", "-", 1, 1.8, 1.9)], 1024)
 
 
 def test_the_report_of_the_committed_context_run_prints_the_verdicts():
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     text = cx.report(results.folder("context-cpu"))
     assert "at 2048: does each model use the far context, and does it beat RoPE limited to 512 keys" in text
@@ -502,10 +502,10 @@ def test_the_far_context_family_tests_each_hypothesis_once_and_adjusts_as_scipy_
     import numpy as np
     from scipy import stats as st
 
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     rows = results.read_json("context-cpu", "gain.json")
-    family = cx.far_context_family(rows)
+    family = far_context.far_context_family(rows)
     rope = family[family.label == "rope/none"]
     assert set(rope["question"]) == {"uses the far context"} and len(rope) == rope["eval_len"].nunique()
     assert not family.duplicated(["label", "eval_len", "question"]).any()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from posenc_lab import PosencError, data, prose
+from posenc_lab import PosencError
+from posenc_lab.lab.data import corpora as data, prose
 
 
 def test_split_is_deterministic_by_document_name():

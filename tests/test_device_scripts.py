@@ -45,7 +45,7 @@ def test_article_shape_probe_stops_a_call_the_card_cannot_finish(tmp_path):
 
 
 def test_article_shape_preset_is_the_articles_shape_on_the_headlines_evaluation_text():
-    from posenc_lab.specs import LONG_RUN_ENCODINGS, PRESETS
+    from posenc_lab.lab.experiments.language_model import LONG_RUN_ENCODINGS, PRESETS
 
     shape, headline = PRESETS["article-shape"], PRESETS["article-long-b4"]
     m = shape.model
@@ -56,7 +56,7 @@ def test_article_shape_preset_is_the_articles_shape_on_the_headlines_evaluation_
     # the same scored bytes and lead-in: the same evaluation text (the same SHA-256 from the same corpus)
     assert (ev.eval_tokens, ev.lead_in(), ev.eval_lengths, ev.sliding) == (hv.eval_tokens, hv.lead_in(),
                                                                            hv.eval_lengths, hv.sliding)
-    from posenc_lab.data import evaluation_text, load_corpus
+    from posenc_lab.lab.data.corpora import evaluation_text, load_corpus
 
     text = evaluation_text(load_corpus("stdlib"), ev.eval_tokens, lead_in=ev.lead_in()).describe()
     committed = json.loads((ROOT / "results" / "article-long-b4" / "config.json").read_text())["evaluation_text"]

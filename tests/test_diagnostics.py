@@ -4,8 +4,9 @@ import pytest
 import torch
 from einops import rearrange
 
-from posenc_lab import attention, diagnostics
+from posenc_lab import attention
 from posenc_lab.model import GPT, GPTConfig
+from posenc_lab.lab.measure import diagnostics
 
 
 @pytest.mark.parametrize("name", ["nope", "sinusoidal", "rope", "alibi", "t5", "fire"])

@@ -98,8 +98,8 @@ def launch_group(out: Path, worker_args: list[str], *, world=2, timeout=120):
 
 @pytest.mark.slow
 def test_sharded_evaluation_equals_the_single_process_evaluation_exactly(tmp_path):
-    from posenc_lab.data import load_corpus
-    from posenc_lab.evaluate import evaluate
+    from posenc_lab.lab.data.corpora import load_corpus
+    from posenc_lab.lab.measure.perplexity import evaluate
 
     stream = load_corpus("stdlib").stream("test")
     procs, outputs, results = launch_group(tmp_path, ["--evaluate"])
@@ -136,7 +136,7 @@ def test_a_batch_that_does_not_split_evenly_names_both_numbers(tmp_path):
 
 
 def test_one_process_needs_no_process_group():
-    from posenc_lab import distributed
+    from posenc_lab.lab.run import distributed
 
     assert not distributed.active() and distributed.world_size() == 1 and distributed.is_main()
     x = torch.arange(6).reshape(3, 2)
@@ -147,7 +147,7 @@ def test_one_process_needs_no_process_group():
 
 
 def test_backend_follows_the_device():
-    from posenc_lab import distributed
+    from posenc_lab.lab.run import distributed
 
     assert distributed.default_backend(torch.device("cpu")) == "gloo"
     assert distributed.default_backend(torch.device("cuda", 0)) == "nccl"

@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_lab import PosencError, TrainingDiverged, experiment, extension, report
+from posenc_lab import PosencError, TrainingDiverged
 from posenc_lab.__main__ import main
-from posenc_lab.data import load_corpus
-from posenc_lab.evaluate import evaluate, unscored, window_plan
 from posenc_lab.model import GPT, GPTConfig
-from posenc_lab.schema import SCHEMA_VERSION
-from posenc_lab.train import TrainConfig, train
+from posenc_lab.lab.data.corpora import load_corpus
+from posenc_lab.lab.experiments import extend_run, language_model as experiment
+from posenc_lab.lab.measure import budget, perplexity_grid
+from posenc_lab.lab.measure.perplexity import evaluate, unscored, window_plan
+from posenc_lab.lab.run import units
+from posenc_lab.lab.run.schema import SCHEMA_VERSION
+from posenc_lab.lab.run.training import TrainConfig, train
+from posenc_lab.lab.verdicts import claims, tables as report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,7 +190,7 @@ def test_ci_preset_runs_every_encoding_end_to_end(ci_run):
     assert sorted(p.name for p in (out / "models").iterdir()) == sorted(f"{e}-s0.pt" for e in spec.encodings)
     assert not list((out / "checkpoints").glob("*.pt")), "finished units keep weights, not training state"
     header = (out / "results.csv").read_text().splitlines()[0].split(",")
-    assert header == experiment.COLUMNS
+    assert header == units.COLUMNS
     first = rows[0]
     assert first["torch"] == torch.__version__ and first["device"].startswith("cpu") and first["corpus"] == "stdlib"
     assert first["schema"] == SCHEMA_VERSION and "config" not in first  # the spec is in config.json, once
@@ -243,7 +247,7 @@ def test_a_resumed_unit_counts_the_training_time_of_the_process_before(tmp_path)
                    progress=False)
     assert second["resumed_seconds"] == carried and second["train_seconds"] > carried
     # the runner adds it to the unit's wall time, and the unit file does not keep the field
-    experiment.run_units(tmp_path, [("rope", 0)], lambda e, s: {"encoding": e, "seed": s, "resumed_seconds": 1000.0},
+    units.run_units(tmp_path, [("rope", 0)], lambda e, s: {"encoding": e, "seed": s, "resumed_seconds": 1000.0},
                          log=lambda *a: None)
     unit = json.loads((tmp_path / "units" / "rope-s0.json").read_text())
     assert 1000.0 <= unit["seconds"] < 1010.0 and "resumed_seconds" not in unit
@@ -315,7 +319,7 @@ def test_article_preset_runs_at_toy_size(tmp_path):
     finetuned = {(r["strategy"], r["seed"]) for r in rows if r["strategy"].endswith("+ft")}
     assert finetuned == {(f"{s}+ft", 0) for s in ("pi", "ntk", "yarn")}
     for mode in ("sliding", "nonoverlapping"):  # every claim has its numbers in both modes
-        text = report.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
+        text = claims.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
         assert text.startswith("decision rule") and "no data" not in text and "n/a" not in text
 
 
@@ -340,13 +344,13 @@ def test_article_long_preset_is_article_cpu_with_four_times_the_tokens_and_runs_
                              curve_tokens=2048, checkpoint_every=4)
     rows = experiment.run(spec, tmp_path, progress=False, log=lambda *a: None)
     assert {(r["encoding"], r["seed"]) for r in rows} == {(e, s) for e in long.encodings for s in (0, 1, 2)}
-    checkpoints = experiment.collect(tmp_path, "checkpoints")
+    checkpoints = units.collect(tmp_path, "checkpoints")
     assert sorted({c["step"] for c in checkpoints}) == spec.curve_steps() and len(spec.curve_steps()) == 16
     assert (tmp_path / "checkpoints.csv").read_text().count("\n") == len(checkpoints) + 1
     for mode in ("sliding", "nonoverlapping"):
-        text = report.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
+        text = claims.claims_text(rows, mode, judged_len=spec.evaluation.eval_lengths[2])
         assert "no data" not in text and "n/a" not in text
-    table = report.budget_verdicts(checkpoints)
+    table = budget.budget_verdicts(checkpoints)
     assert len(table.columns) == 16 and list(table.columns) == sorted(table.columns)
     assert "1: a (slightly worse at training length)" in table.index
 
@@ -362,7 +366,7 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     quiet = dict(progress=False, log=lambda *a: None)
     old = experiment.run(before, tmp_path / "a", **quiet)
     units_before = {p.name: json.loads(p.read_text()) for p in (tmp_path / "a" / "units").glob("*.json")}
-    extended = experiment.extend(after, tmp_path / "a", **quiet)
+    extended = extend_run.extend(after, tmp_path / "a", **quiet)
     fresh = experiment.run(after, tmp_path / "b", **quiet)
     assert len(extended) > len(old)
     # no training: the same training record, no training state written; the old rows unchanged
@@ -373,7 +377,7 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     assert not list((tmp_path / "a" / "checkpoints").glob("*.pt"))
     # the new rows carry the extension's commit and machine, the old ones those of the run
     new_rows = [r for r in extended if (r["eval_len"], r["eval_mode"]) in {(256, "nonoverlapping"), (64, "sliding")}]
-    assert new_rows and {r["git_commit"] for r in new_rows} == {experiment.git_commit()}
+    assert new_rows and {r["git_commit"] for r in new_rows} == {units.git_commit()}
     # fine-tuned weights are not kept, so +ft rows keep only the evaluations they had
     key = lambda r: (r["encoding"], r["strategy"], r["seed"], r["eval_len"], r["eval_mode"])
     have = {key(r) for r in extended}
@@ -389,19 +393,19 @@ def test_extend_adds_evaluations_from_the_kept_weights(tmp_path):
     gone = ("rope,pi+ft,0,256,nonoverlapping,", "rope,pi+ft,0,64,sliding,")
     assert docs == sorted(line for line in (tmp_path / "b" / "documents.csv").read_text().splitlines()
                           if not line.startswith(gone))
-    assert experiment.extend(after, tmp_path / "a", **quiet) == extended  # nothing left to add
+    assert extend_run.extend(after, tmp_path / "a", **quiet) == extended  # nothing left to add
     snapshot = {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
     for change, message in [(dict(steps=7), "steps differ"),
                             (dict(eval_lengths=(64, 128, 256), sliding=((256, 64), (128, 64))), "different evaluation text"),
                             (dict(eval_lengths=(128,)), "drops")]:
         with pytest.raises(PosencError, match=message):
-            experiment.extend(experiment.preset("ci", **{**small, **change}), tmp_path / "a", **quiet)
+            extend_run.extend(experiment.preset("ci", **{**small, **change}), tmp_path / "a", **quiet)
     assert {p: p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()} == snapshot, "a refusal wrote"
     (tmp_path / "a" / "models" / "alibi-s0.pt").unlink()
     with pytest.raises(PosencError, match="kept no final weights for alibi-s0"):
-        experiment.extend(after, tmp_path / "a", **quiet)
+        extend_run.extend(after, tmp_path / "a", **quiet)
     with pytest.raises(PosencError, match="no run to extend"):
-        experiment.extend(after, tmp_path / "none", **quiet)
+        extend_run.extend(after, tmp_path / "none", **quiet)
 
 
 @pytest.mark.slow
@@ -414,8 +418,8 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     quiet = dict(progress=False, log=lambda *a: None)
     for out in ("cut", "whole"):
         experiment.run(before, tmp_path / out, **quiet)
-    whole = experiment.extend(after, tmp_path / "whole", **quiet)
-    real, calls = extension.evaluate_all, []
+    whole = extend_run.extend(after, tmp_path / "whole", **quiet)
+    real, calls = perplexity_grid.evaluate_all, []
 
     def cut_after_one_unit(*args, **kwargs):
         calls.append(1)
@@ -423,18 +427,18 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(extension, "evaluate_all", cut_after_one_unit)
+    monkeypatch.setattr(extend_run, "evaluate_all", cut_after_one_unit)
     with pytest.raises(KeyboardInterrupt):
-        experiment.extend(after, tmp_path / "cut", **quiet)
-    monkeypatch.setattr(extension, "evaluate_all", real)
+        extend_run.extend(after, tmp_path / "cut", **quiet)
+    monkeypatch.setattr(extend_run, "evaluate_all", real)
     extending = json.loads((tmp_path / "cut" / "config.json").read_text())["extending"]
     assert extending["evaluation"]["eval_lengths"] == [64, 128, 256]
     with pytest.raises(PosencError, match="being extended"):
         experiment.run(before, tmp_path / "cut", **quiet)
     with pytest.raises(PosencError, match="another spec"):
-        experiment.extend(experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 512)}), tmp_path / "cut",
+        extend_run.extend(experiment.preset("ci", **{**small, "eval_lengths": (64, 128, 512)}), tmp_path / "cut",
                           **quiet)
-    cut = experiment.extend(after, tmp_path / "cut", **quiet)
+    cut = extend_run.extend(after, tmp_path / "cut", **quiet)
     assert comparable(cut) == comparable(whole)
     assert "extending" not in json.loads((tmp_path / "cut" / "config.json").read_text())
     assert experiment.run(after, tmp_path / "cut", **quiet) == cut  # the extended run is an ordinary run again
@@ -443,7 +447,7 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     snapshot = {p: p.read_bytes() for p in (tmp_path / "cut").rglob("*") if p.is_file()}
     monkeypatch.setattr(experiment.distributed, "active", lambda: True)
     with pytest.raises(PosencError, match="one process"):
-        experiment.extend(further, tmp_path / "cut", **quiet)
+        extend_run.extend(further, tmp_path / "cut", **quiet)
     monkeypatch.undo()
     unit_path = tmp_path / "cut" / "units" / "nope-s0.json"
     unit = json.loads(unit_path.read_text())
@@ -452,7 +456,7 @@ def test_an_interrupted_extension_blocks_run_and_continues(tmp_path, monkeypatch
     unit_path.write_text(json.dumps(unit))
     snapshot[unit_path] = unit_path.read_bytes()
     with pytest.raises(PosencError, match="evaluated on cuda"):
-        experiment.extend(further, tmp_path / "cut", **quiet)
+        extend_run.extend(further, tmp_path / "cut", **quiet)
     assert {p: p.read_bytes() for p in (tmp_path / "cut").rglob("*") if p.is_file()} == snapshot
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from posenc_lab import bias, explore, rope
+from posenc_lab import bias, rope
+from posenc_lab.lab.figures import interactive as explore
 
 
 def visible_after(fig, step):

@@ -105,8 +105,8 @@ ENCODING_NAMES = {"nope": "NoPE", "sinusoidal": "sinusoids", "rope/none": "RoPE"
 def test_every_encoding_of_the_headline_run_has_a_name_entry_that_links_its_chapter():
     """The README's and the tour's rows name each encoding and strategy; the glossary explains each one, in its
     section of names, and points to the chapter that derives it (or to the term that does)."""
-    from posenc_lab import readme
-    from posenc_lab.stats import label
+    from posenc_lab.lab import readme
+    from posenc_lab.lab.verdicts.statistics import label
 
     labels = {label(r) for r in readme.rows_of(readme.HEADLINE)}
     assert labels == set(ENCODING_NAMES), labels

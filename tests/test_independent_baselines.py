@@ -21,7 +21,8 @@ def test_the_newer_methods_against_their_baselines_agree_with_scipy():
     """Chapter 13's table and the README's line: each method of ``recent-cpu`` against ALiBi and RoPE with YaRN of
     ``article-cpu`` (the same batches, seed by seed), recomputed with scipy's paired t-test on the log scale and
     scipy's Benjamini-Hochberg over the whole table, with the symmetric 1 % floor."""
-    from posenc_lab import findings, readme
+    from posenc_lab.lab import readme
+    from posenc_lab.lab.verdicts import in_words
 
     frames = []
     for run in (readme.RECENT, readme.RECENT_BASE):
@@ -30,7 +31,7 @@ def test_the_newer_methods_against_their_baselines_agree_with_scipy():
     df = pd.concat(frames)
     rows, methods = readme.recent_rows()
     mine = []
-    for b in findings.BASELINES:
+    for b in in_words.BASELINES:
         for a in methods:
             for mode in ("nonoverlapping", "sliding"):
                 lengths = sorted(set(df[(df.label == a) & (df.eval_mode == mode)].eval_len)
@@ -45,7 +46,7 @@ def test_the_newer_methods_against_their_baselines_agree_with_scipy():
     mine["q"] = stats.false_discovery_control(mine["p"], method="bh")
     counted = (mine["q"] < ALPHA) & (mine["d"].abs() >= FLOOR)
     mine["outcome"] = np.where(counted, np.where(mine["d"] < 0, "lower", "higher"), "not resolved")
-    theirs = findings.against_baselines(rows, methods)
+    theirs = in_words.against_baselines(rows, methods)
     key = ["a", "b", "mode", "eval_len"]
     both = mine.merge(theirs, on=key, suffixes=("", " package"), validate="one_to_one")
     assert len(both) == len(mine) == len(theirs) > 100
@@ -61,7 +62,7 @@ def test_retrieval_against_baselines_is_fishers_test_per_seed_then_bh_as_scipy_c
     import numpy as np
     from scipy import stats as st
 
-    from posenc_lab import findings
+    from posenc_lab.lab.verdicts import in_words
 
     correct = {  # (label, eval_len) -> correct out of 100, seeds 0-2
         ("cope", 32): (100, 99, 100), ("cope", 64): (80, 60, 95), ("cope", 128): (30, 35, 28),
@@ -70,7 +71,7 @@ def test_retrieval_against_baselines_is_fishers_test_per_seed_then_bh_as_scipy_c
     rows = [{"encoding": label.split("/")[0], "strategy": label.split("/")[1] if "/" in label else "-", "seed": s,
              "train_len": 32, "eval_len": n, "depth": 0.5, "status": "ok", "correct": c[s], "trials": 100,
              "train_accuracy": 1.0} for (label, n), c in correct.items() for s in range(3)]
-    family = findings.retrieval_against_baselines(rows, ["cope"])
+    family = in_words.retrieval_against_baselines(rows, ["cope"])
     assert len(family) == 3 * 2 + 2  # two baselines at three lengths, itself at 1x at two
     expected = []
     for r in family.itertuples():
@@ -89,6 +90,6 @@ def test_retrieval_against_baselines_is_fishers_test_per_seed_then_bh_as_scipy_c
     by = family.set_index(["against", "multiple"])["outcome"]
     assert by[("alibi", 1)] == "higher" and by[("alibi", 4)] == "lower" and by[("rope/yarn", 4)] == "higher"
     assert by[("itself at L", 2)] == "not resolved"  # seed 2's 95 against 100 alone is not resolved
-    learned, not_learned = findings.learned_methods(rows + [{**rows[0], "encoding": "fox", "train_accuracy": 0.0}],
+    learned, not_learned = in_words.learned_methods(rows + [{**rows[0], "encoding": "fox", "train_accuracy": 0.0}],
                                                     ["cope", "fox"])
     assert learned == ["cope"] and not_learned == ["fox"]

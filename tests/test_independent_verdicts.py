@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from posenc_lab import report
+from posenc_lab.lab.verdicts import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("article-long-b4", "article-long", "prose-long-b4", "prose-long")
@@ -167,7 +167,7 @@ def independent(df):
 def disagreements(rows):
     """Where the package's verdict table and the recomputation differ, one line each; and the recomputed verdicts."""
     df = rows.assign(label=np.where(rows.strategy == "-", rows.encoding, rows.encoding + "/" + rows.strategy))
-    table = report.verdict_table(rows, modes=MODES, judged_lens=(N,))
+    table = tables.verdict_table(rows, modes=MODES, judged_lens=(N,))
     mine = independent(df)
     assert len(mine) == 3 * 10 and table.shape == (10, 3)
     assert set(table.index) == {part for part, _ in mine}, sorted(set(table.index) ^ {part for part, _ in mine})
@@ -216,7 +216,7 @@ def test_the_smallest_resolved_effect_is_statsmodels_80_percent_power():
     effect scipy's noncentral t gives a power of 0.8."""
     from statsmodels.stats.power import TTestPower
 
-    from posenc_lab.stats import compare_paired, smallest_resolved
+    from posenc_lab.lab.verdicts.statistics import compare_paired, smallest_resolved
 
     df = results("article-long-b4")
     a, b = level(df, "sliding", "alibi", N), level(df, "sliding", "rope/none", N)

@@ -249,7 +249,7 @@ def test_every_backend_and_the_cache_match_the_reference_at_every_layer(name, ba
 def test_the_recomputed_attention_weights_are_each_layers_own(name):
     """The diagnostics' explicit weights, times the values, give each layer's attention (its window, chunk or
     temperature included); a local layer puts no weight outside its span."""
-    from posenc_lab import diagnostics
+    from posenc_lab.lab.measure import diagnostics
 
     model, idx = _gpt(name), torch.randint(256, (2, 20), generator=torch.Generator().manual_seed(6))
     weights, inputs = diagnostics.attention_weights(model, idx), diagnostics._layer_inputs(model, idx)

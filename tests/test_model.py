@@ -6,7 +6,7 @@ import torch
 import posenc_lab as pl
 from posenc_lab import PositionOutOfRange
 from posenc_lab.model import GPT, GPTConfig
-from posenc_lab.train import TrainConfig, lr_at
+from posenc_lab.lab.run.training import TrainConfig, lr_at
 
 
 def small(encoding, **kw):
@@ -100,7 +100,7 @@ def test_compiled_training_step_matches_eager(encoding):
 
 def test_flushing_denormals_nests():
     """A probe inside training (retrieval's monitor) must not switch flushing off for the rest of training."""
-    from posenc_lab.train import flush_denormals
+    from posenc_lab.lab.run.training import flush_denormals
 
     tiny = torch.tensor([1e-39])  # subnormal in float32
     if not torch.set_flush_denormal(True):
@@ -115,7 +115,7 @@ def test_flushing_denormals_nests():
 
 @pytest.mark.parametrize("encoding", ["t5", "learned", "kerple", "fire", "alibi", "rope"])
 def test_position_parameters_are_not_weight_decayed(encoding):
-    from posenc_lab.train import decay_groups, make_optimizer
+    from posenc_lab.lab.run.training import decay_groups, make_optimizer
 
     model = small(encoding)
     decay, rest = decay_groups(model)
@@ -132,7 +132,7 @@ def test_position_parameters_are_not_weight_decayed(encoding):
 
 def test_a_weight_decayed_t5_table_would_shrink_and_ours_does_not():
     """One AdamW step with zero gradients: decay alone moves a decayed parameter, never the T5 table."""
-    from posenc_lab.train import make_optimizer
+    from posenc_lab.lab.run.training import make_optimizer
 
     model = small("t5")
     table = next(model.encoding.parameters())
@@ -152,7 +152,7 @@ def test_query_blocks_of_a_learned_bias_train_as_one_block(encoding, monkeypatch
     """The learned biases' blocked explicit path gives the losses of the whole square in one block after a few
     training steps, within float32 rounding."""
     from posenc_lab.backends import kernels
-    from posenc_lab.train import train
+    from posenc_lab.lab.run.training import train
 
     stream = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(0))
     losses = {}
@@ -164,3 +164,18 @@ def test_query_blocks_of_a_learned_bias_train_as_one_block(encoding, monkeypatch
                               progress=False)["losses"]
     assert losses[16] == pytest.approx(losses[10**9], abs=1e-5)
     assert len(set(losses[16])) > 1  # it trained
+
+
+@pytest.mark.parametrize("name", list(pl.ENCODINGS))
+def test_every_encoding_pins_its_length_for_a_generation_and_restores_it(name):
+    """The model asks the encoding (``pin_length``), never its type: a RoPE whose factor follows the length holds
+    ``final_len / train_len`` while pinned; every encoding is as it was after ``restore``."""
+    enc = pl.make_encoding(name, d_model=64, num_heads=4, train_len=32, n_layer=2)
+    if isinstance(enc, pl.RoPE):
+        enc.set_scaling("pi")
+    before = enc.settings()
+    restore = enc.pin_length(128)
+    if isinstance(enc, pl.RoPE):
+        assert enc.factor == 4.0 and not enc.factor_follows_length
+    restore()
+    assert enc.settings() == before

@@ -40,51 +40,9 @@ def test_the_backend_module_and_the_attention_function_do_not_collide():
     assert importlib.util.find_spec("posenc_lab.attention") is None
 
 
-def _package_imports(at_import: bool = False) -> dict[str, set[str]]:
-    """Each top-level module or subpackage of ``posenc_lab`` -> the others it imports (a subpackage's files together);
-    ``at_import``: only the imports its module body runs (not those inside functions)."""
-    import ast
-
-    package = ROOT / "posenc_lab"
-    units = {p.stem: [p] for p in package.glob("*.py") if p.stem != "__init__"}
-    units |= {d.name: sorted(d.glob("*.py")) for d in package.iterdir() if (d / "__init__.py").exists()}
-    graph = {}
-    for name, files in units.items():
-        deps = set()
-        for path in files:
-            depth = 1 if path.parent == package else 2  # the relative level that reaches posenc_lab's top
-            tree = ast.parse(path.read_text())
-            for node in (tree.body if at_import else ast.walk(tree)):
-                if isinstance(node, ast.ImportFrom) and node.level == depth:
-                    deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        graph[name] = (deps & set(units)) - {name}
-    return graph
-
-
-def test_package_modules_form_layers_without_import_cycles():
-    """No two modules (or subpackages) import each other, directly or through others."""
-    import graphlib
-
-    graph = _package_imports()
-    assert {"backends", "encodings", "model", "rope"} <= set(graph)
-    list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a cycle
-
-
-def test_the_core_imports_nothing_from_the_lab():
-    """Importing the formulas, the backends or the model imports no module of the lab (runner, experiments,
-    reports); the results loader reads the tables through ``schema`` and builds a spec only when asked."""
-    graph, core = _package_imports(at_import=True), {m.removeprefix("posenc_lab.") for m in CORE[1:]} | {"schema"}
-    reached, todo = set(), list(core)
-    while todo:
-        for dep in graph[todo.pop()] - reached:
-            reached.add(dep)
-            todo.append(dep)
-    assert reached <= core, f"the core imports lab modules: {sorted(reached - core)}"
-
-
 CORE = ["posenc_lab", "posenc_lab.encodings", "posenc_lab.rope", "posenc_lab.xpos", "posenc_lab.bias", "posenc_lab.absolute",
-        "posenc_lab.backends", "posenc_lab.model", "posenc_lab.errors", "posenc_lab.extras", "posenc_lab.results",
-        "posenc_lab.diagnostics"]
+        "posenc_lab.backends", "posenc_lab.model", "posenc_lab.errors", "posenc_lab.lab.extras", "posenc_lab.lab.results",
+        "posenc_lab.lab.measure.diagnostics"]
 EXTRA_MODULES = ["matplotlib", "pandas", "scipy", "statsmodels", "seaborn", "plotly", "tqdm"]
 
 
@@ -106,7 +64,7 @@ def test_importing_the_core_imports_none_of_the_extras():
 
 
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch):
-    from posenc_lab import extras
+    from posenc_lab.lab import extras
 
     monkeypatch.setitem(extras.EXTRAS, "lab", ("tqdm", "no_such_module_posenc"))
     with pytest.raises(extras.MissingExtra) as err:
@@ -152,7 +110,7 @@ def test_installed_wheels_read_the_results_outside_a_checkout(wheels, tmp_path):
     site = tmp_path / "site"
     for wheel in wheels:
         zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import posenc_lab; from posenc_lab import results\n"
+    probe = ("import posenc_lab; from posenc_lab.lab import results\n"
              "rows, units, config = results.load('cpu')\n"
              "print(posenc_lab.__file__); print(results.root()); print(len(rows) > 0, len(units) > 0)")
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -164,7 +122,8 @@ def test_installed_wheels_read_the_results_outside_a_checkout(wheels, tmp_path):
 
 
 def test_results_are_found_by_their_marker(tmp_path, monkeypatch):
-    from posenc_lab import PosencError, results
+    from posenc_lab import PosencError
+    from posenc_lab.lab import results
 
     monkeypatch.delenv("POSENC_LAB_RESULTS", raising=False)
     assert results.root() == ROOT / "results"  # this checkout, from the package's location
@@ -177,7 +136,7 @@ def test_results_are_found_by_their_marker(tmp_path, monkeypatch):
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
     assert results.root() == fake  # from the working directory upward, before the package's checkout
-    from posenc_lab.schema import SCHEMA_VERSION
+    from posenc_lab.lab.run.schema import SCHEMA_VERSION
 
     # read through the schema's migrations: rows and config.json
     assert results.load("cpu") == ([{"x": 1, "schema": SCHEMA_VERSION}], [], {"schema": SCHEMA_VERSION})
@@ -193,11 +152,11 @@ def test_a_run_with_the_lab_extra_alone_saves_its_results_and_skips_the_figures_
     figures are skipped with one printed line naming the extra that draws them (simulated: the figure modules
     cannot be imported)."""
     from posenc_lab.__main__ import main
-    from posenc_lab.extras import EXTRAS
+    from posenc_lab.lab.extras import EXTRAS
 
     for name in EXTRAS["book"]:
         monkeypatch.setitem(sys.modules, name, None)  # import fails, find_spec finds nothing
-    for name in ("posenc_lab.figures", "posenc_lab.plots"):
+    for name in ("posenc_lab.lab.figures.files", "posenc_lab.lab.figures.plots"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     out = tmp_path / "run"
     args = ["run", "--preset", "ci", "--encodings", "nope", "--steps", "2", "--warmup", "1", "--checkpoint-every", "2",

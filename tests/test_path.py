@@ -303,7 +303,7 @@ def test_the_diagnostics_recompute_each_layers_path_weights():
     layer's attention."""
     from einops import rearrange
 
-    from posenc_lab import diagnostics
+    from posenc_lab.lab.measure import diagnostics
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="path", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()

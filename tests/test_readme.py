@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lab import findings, readme, results
+from posenc_lab.lab import readme, results
+from posenc_lab.lab.verdicts import in_words as findings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -87,12 +88,12 @@ def test_first_screen_is_the_answer_then_the_verdict_figure():
 
 @pytest.mark.parametrize("doc", list(readme.DOCUMENTS))
 def test_generated_blocks_are_the_generators_output(doc):
-    """No hand-typed number: each generated block is what ``python -m posenc_lab.readme`` writes today."""
+    """No hand-typed number: each generated block is what ``python -m posenc_lab.lab.readme`` writes today."""
     held = readme.generated_blocks((ROOT / doc).read_text(encoding="utf-8"))
     assert {"run", "answer", "prose", "far"} <= set(held), f"{doc} lacks a generated block"
     want = readme.blocks(readme.DOCUMENTS[doc])
     for name, body in held.items():
-        assert body == want[name], f"{doc}: block {name!r} differs from the results: run python -m posenc_lab.readme"
+        assert body == want[name], f"{doc}: block {name!r} differs from the results: run python -m posenc_lab.lab.readme"
 
 
 def test_answer_block_is_exactly_answer_markdown_of_the_headline_run():
@@ -117,7 +118,7 @@ def test_readme_says_where_each_claim_is_judged_without_a_single_length():
 def test_headline_run_is_chosen_by_its_recipe_and_the_other_recipe_is_named():
     """The declared analysis's rule: of the two recipes with the same bytes, the one with more optimiser steps; the
     run block names the verdicts the other recipe decides otherwise (book/analysis.md)."""
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     ours, other = (results.spec_of(results.load(r)[2]).training for r in (readme.HEADLINE, readme.OTHER_RECIPE))
     assert ours.steps > other.steps and ours.steps * ours.batch_size == other.steps * other.batch_size
@@ -191,7 +192,7 @@ def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat():
     than its whole windows at the training length, the README line says so, with those numbers recomputed here."""
     import math
 
-    from posenc_lab.context import far_context_family
+    from posenc_lab.lab.measure.far_context import far_context_family
 
     line = readme.recent_far_line()
     family = far_context_family(readme.recent_far_rows())

@@ -204,7 +204,7 @@ def test_the_citation_schema_subset_rejects_what_the_format_rejects():
 
 
 def test_version_prints_the_package_version_and_the_commits_of_the_shipped_results():
-    from posenc_lab import results
+    from posenc_lab.lab import results
 
     out = subprocess.run([sys.executable, "-m", "posenc_lab", "--version"], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)

@@ -8,7 +8,9 @@ import pytest
 from scipy import stats
 from tables import rows_from
 
-from posenc_lab import PosencError, report
+from posenc_lab import PosencError
+from posenc_lab.lab.measure import budget
+from posenc_lab.lab.verdicts import claims, statistics, tables as report
 
 
 def test_summary_mean_and_std_over_seeds():
@@ -59,7 +61,7 @@ def _checkpoint_rows():
 
 
 def test_budget_verdicts_show_where_a_verdict_flips():
-    table = report.budget_verdicts(_checkpoint_rows())
+    table = budget.budget_verdicts(_checkpoint_rows())
     assert list(table.columns) == [0.1, 0.2]
     assert table.loc["3: clearly worse than RoPE"].tolist() == ["holds", "fails"]
     # one length past L (4x) cannot order "sinusoidal first, then rotary", nor test T5 up to 2x: those rows
@@ -85,9 +87,9 @@ def _ordering_rows(lengths):
 
 
 def test_budget_comparisons_are_one_family_with_adjusted_p():
-    table = report.budget_comparisons(_checkpoint_rows())
+    table = budget.budget_comparisons(_checkpoint_rows())
     assert set(table["tokens (M)"]) == {0.1, 0.2} and {"p", "p holm", "p BH", "survives"} <= set(table.columns)
-    assert table["p BH"].tolist() == pytest.approx(report.bh(table["p"]))
+    assert table["p BH"].tolist() == pytest.approx(statistics.bh(table["p"]))
     t5 = table[(table.claim == "3: clearly worse than RoPE") & (table["tokens (M)"] == 0.1)].iloc[0]
     assert t5["ratio"] == pytest.approx(2.0 / 1.5, rel=0.05)  # growth 2.0 against 1.5
 
@@ -104,13 +106,13 @@ def test_an_order_needs_two_lengths_past_the_training_length():
     """With one length past L, "sinusoidal breaks first, then rotary" is not judged (no data) and "T5 holds to
     about 2x" has no 2x to be judged at; with two, the same numbers decide them: T5 here grows 2 % by 4x, so it
     has not stopped holding there, and the claim that it holds to about 2x (and no further) fails."""
-    one = {c["id"]: c for c in report.claims(_ordering_rows((128, 512)), "nonoverlapping", judged_len=512)}
-    two = {c["id"]: c for c in report.claims(_ordering_rows((128, 256, 512)), "nonoverlapping", judged_len=512)}
+    one = {c["id"]: c for c in claims.claims(_ordering_rows((128, 512)), "nonoverlapping", judged_len=512)}
+    two = {c["id"]: c for c in claims.claims(_ordering_rows((128, 256, 512)), "nonoverlapping", judged_len=512)}
     assert one["ordering"]["verdicts"]["sinusoidal breaks first, then rotary"] == "no data"
     assert one["ordering"]["verdicts"]["T5 holds to about 2x"] == "no data"
     assert two["ordering"]["verdicts"]["sinusoidal breaks first, then rotary"] == "holds"
     assert two["ordering"]["verdicts"]["T5 holds to about 2x"] == "fails"
-    growth = report.budget_growth(_checkpoint_rows(), 512)
+    growth = budget.budget_growth(_checkpoint_rows(), 512)
     t5 = growth[(growth.label == "t5") & (growth.step == 100)]["growth"]
     assert t5.mean() == pytest.approx(2.0, rel=0.05) and len(t5) == 3
 
@@ -121,7 +123,7 @@ def test_budget_curves_draw_both_panels():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from posenc_lab import plots
+    from posenc_lab.lab.figures import plots
 
     fig, axes = plt.subplots(1, 2)
     plots.budget_curves(_checkpoint_rows(), axes)
@@ -145,7 +147,7 @@ def _power_law_rows(laws, steps=(50, 100, 200, 300, 400, 500, 600, 700), tokens_
 
 def test_budget_extrapolation_recovers_known_power_laws_and_their_crossing():
     laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.02, 1.5, 0.45)}
-    out = report.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
+    out = budget.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
     fits = out["fits"].set_index("label")
     for name, (floor, scale, exponent) in zip(["rope/none", "t5"], laws.values()):
         assert fits.loc[name, "floor"] == pytest.approx(floor, rel=1e-3)
@@ -161,36 +163,36 @@ def test_budget_extrapolation_recovers_known_power_laws_and_their_crossing():
 
 def test_budget_extrapolation_says_never_when_the_floors_differ_by_more_than_the_target():
     laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.2, 1.5, 0.4)}  # floors exp(0.2) - 1 = 22 % apart
-    out = report.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
+    out = budget.budget_extrapolation(_power_law_rows(laws), ["rope/none", "t5"], within=0.10)
     assert out["tokens_m"] is None and out["gap_at_horizon"] > 0.10
     with pytest.raises(PosencError, match="no checkpoint evaluations at the training length for alibi"):
-        report.budget_extrapolation(_power_law_rows(laws), ["alibi"])
+        budget.budget_extrapolation(_power_law_rows(laws), ["alibi"])
     with pytest.raises(PosencError, match="a three-parameter fit needs at least 4"):
-        report.budget_extrapolation(_power_law_rows(laws, steps=(100, 200, 300)), ["t5"])
+        budget.budget_extrapolation(_power_law_rows(laws, steps=(100, 200, 300)), ["t5"])
 
 
 def test_budget_spread_follows_the_gap_checkpoint_by_checkpoint():
     laws = {"rope": (1.0, 0.6, 0.5), "t5": (1.02, 1.5, 0.45)}
     rows = _power_law_rows(laws)
-    table = report.budget_spread(rows, ["rope/none", "t5"])
+    table = budget.budget_spread(rows, ["rope/none", "t5"])
     assert list(table.columns) == ["rope/none", "t5", "spread"] and len(table) == 8
     for t, row in table.iterrows():  # by hand: exp of each law at t, then max/min - 1
         rope, t5 = math.exp(1.0 + 0.6 * t ** -0.5), math.exp(1.02 + 1.5 * t ** -0.45)
         assert row["rope/none"] == pytest.approx(rope) and row["t5"] == pytest.approx(t5)
         assert row["spread"] == pytest.approx(max(rope, t5) / min(rope, t5) - 1)
     assert table["spread"].is_monotonic_decreasing  # t5's larger scale decays: the gap closes
-    out = report.budget_extrapolation(rows, ["rope/none", "t5"])
+    out = budget.budget_extrapolation(rows, ["rope/none", "t5"])
     assert table["spread"].iloc[-1] == pytest.approx(out["gap_now"])
     without = [r for r in rows if not (r["encoding"] == "t5" and r["step"] == 700)]
-    assert len(report.budget_spread(without, ["rope/none", "t5"])) == 7  # a checkpoint lacking a label is left out
+    assert len(budget.budget_spread(without, ["rope/none", "t5"])) == 7  # a checkpoint lacking a label is left out
     with pytest.raises(PosencError, match="for alibi"):
-        report.budget_spread(rows, ["alibi", "t5"])
+        budget.budget_spread(rows, ["alibi", "t5"])
 
 
 def test_direction_reads_what_a_verdict_says():
-    assert report.direction("holds") == "holds" and report.direction("no data") == "no data"
-    assert report.direction("not resolved (the means point to fails)") == "fails"
-    assert report.direction("not resolved (resolved, under 1 %)") == "unclear"
+    assert statistics.direction("holds") == "holds" and statistics.direction("no data") == "no data"
+    assert statistics.direction("not resolved (the means point to fails)") == "fails"
+    assert statistics.direction("not resolved (resolved, under 1 %)") == "unclear"
 
 
 def test_verdicts_side_by_side_say_which_changed():
@@ -232,11 +234,11 @@ def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
     assert first["ratio"] == pytest.approx(math.exp(d.mean())) and first["relative"] == pytest.approx(first["ratio"] - 1)
     half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
     assert (first["low"], first["high"]) == pytest.approx((math.exp(d.mean() - half), math.exp(d.mean() + half)))
-    assert out["p holm"].tolist() == pytest.approx(report.holm(out["p"]), nan_ok=True) and "p BH" in out
+    assert out["p holm"].tolist() == pytest.approx(statistics.holm(out["p"]), nan_ok=True) and "p BH" in out
     two = rows + [dict(r, eval_mode="nonoverlapping") for r in rows]
     both = report.versus(two, [("a", "b")], mode=("sliding", "nonoverlapping"))  # one family over both modes
     assert sorted(set(both["mode"])) == ["nonoverlapping", "sliding"] and len(both) == 4
-    assert both["p holm"].tolist() == pytest.approx(report.holm(both["p"]), nan_ok=True)
+    assert both["p holm"].tolist() == pytest.approx(statistics.holm(both["p"]), nan_ok=True)
     assert out.iloc[2]["sign"] == "~" and math.isnan(out.iloc[2]["p"])  # identical values: no spread, no test
     assert report.versus(rows, [("a", "b")], mode="sliding", lengths=[128])["eval_len"].tolist() == [128]
     with pytest.raises(PosencError, match="no rows for zz"):
@@ -246,7 +248,7 @@ def test_versus_is_the_paired_t_test_by_hand_and_names_the_resolved_side():
 def test_against_baselines_counts_only_resolved_differences_of_one_percent_and_says_them():
     """``lower``/``higher`` need a paired test resolved after Benjamini-Hochberg over the table and a 1 % difference;
     the sentence lists each outcome with its ratios, lowest first."""
-    from posenc_lab import findings
+    from posenc_lab.lab.verdicts import in_words
 
     def rows_of(enc, scale, jitter):
         return [{"encoding": enc, "strategy": "-", "seed": s, "train_len": 64, "eval_len": n, "eval_mode": "sliding",
@@ -255,15 +257,15 @@ def test_against_baselines_counts_only_resolved_differences_of_one_percent_and_s
 
     rows = (rows_of("alibi", 1.0, 0.0) + rows_of("fox", 0.8, 0.001) + rows_of("cope", 1.25, 0.001)
             + rows_of("fope", 1.005, 0.0001) + rows_of("fire", 1.0, 0.2))
-    table = findings.against_baselines(rows, ["fox", "cope", "fope", "fire"], baselines=["alibi"], modes="sliding")
+    table = in_words.against_baselines(rows, ["fox", "cope", "fope", "fire"], baselines=["alibi"], modes="sliding")
     outcome = table.set_index(["a", "eval_len"])["outcome"]
     assert outcome[("fox", 64)] == "lower" and outcome[("cope", 128)] == "higher"
     assert outcome[("fope", 64)] == "not resolved"  # resolved, but 0.5 %
     assert outcome[("fire", 64)] == "not resolved"  # 20 % swings over the seeds: nothing resolved
-    said = findings.against_in_words(table.assign(mode="sliding"), "alibi", 128, "sliding")
+    said = in_words.against_in_words(table.assign(mode="sliding"), "alibi", 128, "sliding")
     assert said == ("Against ALiBi at 128, lower: FoX (0.80); higher: CoPE (1.25); not resolved: FoPE, FIRE.")
     with pytest.raises(ValueError, match="no comparison with alibi at 256"):
-        findings.against_in_words(table, "alibi", 256)
+        in_words.against_in_words(table, "alibi", 256)
 
 
 def test_accuracy_vs_length_draws_each_labels_seed_mean_and_range():
@@ -273,7 +275,7 @@ def test_accuracy_vs_length_draws_each_labels_seed_mean_and_range():
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from posenc_lab import plots
+    from posenc_lab.lab.figures import plots
 
     def row(encoding, seed, eval_len, correct):
         return {"encoding": encoding, "strategy": "-", "seed": seed, "train_len": 64, "eval_len": eval_len,

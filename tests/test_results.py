@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from posenc_lab import PosencError, report, results
+from posenc_lab import PosencError
+from posenc_lab.lab import results
+from posenc_lab.lab.verdicts import tables as report
 
 
 def test_every_committed_folder_is_a_named_run():
@@ -39,8 +41,8 @@ def test_committed_models_reproduce_their_committed_numbers(encoding):
     """The float16 weights of article-cpu seed 0 score (about) what the run measured in float32.
 
     Sinusoidal checks that a model is rebuilt with the recipe its run trained with (config.json says which)."""
-    from posenc_lab.data import load_corpus
-    from posenc_lab.evaluate import evaluate
+    from posenc_lab.lab.data.corpora import load_corpus
+    from posenc_lab.lab.measure.perplexity import evaluate
 
     rows, _, config = results.load("article-cpu")
     spec = results.spec_of(config)
@@ -49,7 +51,7 @@ def test_committed_models_reproduce_their_committed_numbers(encoding):
     assert model.cfg.train_len == train_len and not model.training
     corpus = load_corpus("stdlib")
     if "evaluation_text" in config:  # the run's own evaluation text: every test file's first bytes, with a lead-in
-        from posenc_lab.data import evaluation_text
+        from posenc_lab.lab.data.corpora import evaluation_text
 
         text = evaluation_text(corpus, eval_tokens, lead_in=spec.evaluation.lead_in())
         assert text.describe() == config["evaluation_text"]  # the same bytes as the run scored
@@ -79,11 +81,11 @@ def test_export_models_writes_float16_weights(tmp_path):
 @pytest.mark.parametrize("run", ["article-long-b4", "article-long", "prose-long-b4"])
 def test_run_readme_is_the_committed_results(run):
     """No hand-typed number: results/<run>/README.md (the tables, verdicts and caveats the README links to) is what
-    ``python -m posenc_lab.readme`` writes from the committed results, report.headline() included."""
-    from posenc_lab import readme
+    ``python -m posenc_lab.lab.readme`` writes from the committed results, report.headline() included."""
+    from posenc_lab.lab import readme
 
     assert run in readme.RUN_READMES
     held = (results.folder(run) / "README.md").read_text(encoding="utf-8")
     rows, _, _ = results.load(run)
     assert report.headline(rows) in held
-    assert held == readme.run_readme(run), f"results/{run}/README.md differs: run python -m posenc_lab.readme"
+    assert held == readme.run_readme(run), f"results/{run}/README.md differs: run python -m posenc_lab.lab.readme"

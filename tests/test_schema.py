@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lab import PosencError, experiment, report, results, retrieval
-from posenc_lab.schema import (PARTS, SCHEMA_VERSION, config_version, migrate, migrate_config, migrate_unit,
-                               read_config, version)
+from posenc_lab import PosencError
+from posenc_lab.lab import results
+from posenc_lab.lab.experiments import language_model as experiment, retrieval
+from posenc_lab.lab.run import units
+from posenc_lab.lab.run.schema import (PARTS, SCHEMA_VERSION, config_version, migrate, migrate_config, migrate_unit,
+                                       read_config, version)
+from posenc_lab.lab.verdicts import tables as report
 
 DATA = Path(__file__).parent / "data"
 
@@ -30,8 +34,8 @@ def test_a_version_1_row_migrates_to_the_current_schema():
         assert list(after) == [("schema" if k == "config" else k) for k in before]  # the fields keep their order
     # what the migration drops is what the run's config.json records once
     assert migrate_config({"spec": json.loads(old[0]["config"])})["spec"] == results.load_config_only("article-cpu")[2]["spec"]
-    header = experiment._csv(new, experiment.COLUMNS).splitlines()[0].split(",")
-    assert header == experiment.COLUMNS and header[-1] == "schema"
+    header = units._csv(new, units.COLUMNS).splitlines()[0].split(",")
+    assert header == units.COLUMNS and header[-1] == "schema"
 
 
 def test_a_version_1_retrieval_row_migrates_too():
@@ -64,13 +68,13 @@ def test_an_old_run_folder_reads_and_resumes_in_the_current_schema(tmp_path):
     (tmp_path / "units").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"spec": json.loads(rows[0]["config"])}))
     (tmp_path / "units" / "alibi-s0.json").write_text(json.dumps({"encoding": "alibi", "seed": 0, "rows": rows}))
-    experiment.write_table(tmp_path, experiment.collect_rows(tmp_path))
+    units.write_table(tmp_path, units.collect_rows(tmp_path))
     written = json.loads((tmp_path / "results.json").read_text())
     assert written == migrate(rows) and all(r["schema"] == SCHEMA_VERSION for r in written)
-    assert (tmp_path / "results.csv").read_text().splitlines()[0].split(",") == experiment.COLUMNS
+    assert (tmp_path / "results.csv").read_text().splitlines()[0].split(",") == units.COLUMNS
     (tmp_path / "results.json").write_text(json.dumps(rows))  # a table of the older schema, read directly
-    loaded, units, _ = report.load(tmp_path)
-    assert loaded == written and units[0]["rows"] == written
+    loaded, records, _ = report.load(tmp_path)
+    assert loaded == written and records[0]["rows"] == written
     assert migrate_unit({"encoding": "alibi", "seed": 0}) == {"encoding": "alibi", "seed": 0}
 
 

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sp
 
-from posenc_lab import PosencError, stats
+from posenc_lab import PosencError
+from posenc_lab.lab.verdicts import statistics as stats
 
 
 def test_welch_runs_on_log_perplexities_computed_by_hand():

@@ -1,6 +1,6 @@
 """The tables a forward pass shares (``Encoding.tables``) are built from the encoding as it is now.
 
-Only the masks of an evaluation pass are kept for the next one (``Encoding.kept_masks``, tested at the end); every
+Nothing outlives a forward pass unless its caller owns it (an evaluation's ``masks``, tested at the end); every
 way a user can change what the answer depends on is seen at once: parameter writes by each route (``.data``, ``vector_to_parameters``,
 ``load_state_dict``, an optimizer step), new parameters, ``functional_call`` with fresh weights,
 positions edited in place, attributes set directly, ``set_scaling``, dtype round trips, inference
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from posenc_lab import PosencError, attention, make_encoding
+from posenc_lab import ENCODINGS, PosencError, attention, make_encoding
 from posenc_lab.backends import KVCache, bias_tensor
 
 H, D, N, TRAIN_LEN = 4, 8, 12, 8
@@ -337,7 +337,7 @@ def test_a_model_with_new_encoding_weights_equals_one_built_with_them(name, rout
     assert not torch.equal(after, before)
 
 
-# --------------------------------------------------------------------------------------------- the kept masks
+# --------------------------------------------------------------------------------------------- an evaluation's masks
 
 
 def _counting_builds(monkeypatch) -> list:
@@ -349,82 +349,67 @@ def _counting_builds(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
-def test_evaluation_keeps_the_masks_for_the_next_window_at_the_same_positions(name, monkeypatch):
-    """Window after window at the same positions: the first forward pass builds the mask, the next ones reuse it;
-    another length replaces it; the outputs equal those of passes that build everything afresh."""
+def test_masks_owned_by_the_caller_are_built_once_for_every_pass_at_the_same_positions(name, monkeypatch):
+    """Window after window at the same positions with one ``masks`` dict: the first forward pass builds the mask,
+    the next ones reuse it; the outputs equal those of passes that build everything afresh."""
     model, calls = gpt(name).eval(), _counting_builds(monkeypatch)
-    short, long_ = IDS[:, :TRAIN_LEN // 2], IDS[:, :TRAIN_LEN]
+    ids = IDS[:, :TRAIN_LEN]
+    masks = {}
     with torch.no_grad():
-        first = model(long_)
-        again = model(long_)
+        first = model(ids, masks=masks)
+        again = model(ids, masks=masks)
         assert len(calls) == 1
-        model(short)
-        model(long_)
-        assert len(calls) == 3  # one length kept at a time
-        model.encoding.forget_masks()
-        fresh = model(long_)
-    assert len(calls) == 4
+        fresh = model(ids)
+    assert len(calls) == 2
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     torch.testing.assert_close(fresh, first, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", ["t5", "fire"])
-def test_nothing_is_kept_in_training_mode_or_under_gradients(name, monkeypatch):
-    model, calls = gpt(name), _counting_builds(monkeypatch)
+def test_without_masks_every_pass_builds_its_own_and_sees_new_weights(name, monkeypatch):
+    """No mask outlives a forward pass that was not handed a dict: a weight changed between two passes is read by
+    the second."""
+    model, calls = gpt(name).eval(), _counting_builds(monkeypatch)
     ids = IDS[:, :TRAIN_LEN]
     with torch.no_grad():
-        model.train()(ids)
-        model(ids)
-    model.eval()(ids)  # gradients reach the bias's parameters
-    model(ids)
-    assert len(calls) == 4 and model.encoding._kept is None
-
-
-def test_loading_weights_drops_the_kept_masks():
-    model = gpt("t5").eval()
-    with torch.no_grad():
-        model(IDS[:, :TRAIN_LEN])
-    assert model.encoding._kept is not None
-    model.load_state_dict(gpt("t5").state_dict())
-    assert model.encoding._kept is None
-
-
-@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
-def test_kept_masks_see_every_change_a_direct_call_sees(name):
-    """Each plain attribute and buffer set directly (the changes a direct call sees above) reaches the next evaluation
-    pass too: its output equals that of a pass that builds everything afresh."""
-    model, changed = gpt(name).eval(), False
-    ids = torch.randint(0, 256, (2, 200), generator=torch.Generator().manual_seed(6))  # distances past T5's exact buckets
-    with torch.no_grad():
-        for p in model.encoding.parameters():  # a T5 table starts at zero, where every bucket reads the same
-            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
         before = model(ids)
-        for path, attr, value in ATTRIBUTES[name]:
-            module = model.encoding.get_submodule(path)
-            if callable(value):
-                value(getattr(module, attr))
-            else:
-                setattr(module, attr, value.clone() if isinstance(value, torch.Tensor) else value)
-            kept = model(ids)
-            changed |= not torch.equal(kept, before)
-            model.encoding.forget_masks()
-            torch.testing.assert_close(kept, model(ids), rtol=0, atol=0, msg=f"{path}.{attr}")
-    assert changed or name == "fire"  # FIRE's CHUNK changes how its bias is computed, not its values
+        for p in model.encoding.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
+        after = model(ids)
+    assert len(calls) == 2 and not torch.equal(before, after)
 
 
-def test_masks_kept_in_inference_mode_serve_no_gradient_pass():
-    model, ids = gpt("alibi").eval(), IDS[:, :TRAIN_LEN]
-    with torch.inference_mode():
-        model(ids)
-    model(ids).sum().backward()  # masks built in inference mode cannot be saved for backward: rebuilt
+def test_masks_across_passes_are_refused_in_training_under_gradients_or_with_a_cache():
+    model, ids = gpt("t5"), IDS[:, :TRAIN_LEN]
+    with pytest.raises(PosencError, match="for evaluation"), torch.no_grad():
+        model.train()(ids, masks={})
+    with pytest.raises(PosencError, match="for evaluation"):
+        model.eval()(ids, masks={})
+    with pytest.raises(PosencError, match="for evaluation"), torch.no_grad():
+        model(ids, masks={}, cache=model.new_cache())
 
 
-def test_a_new_parameter_rebuilds_the_kept_masks_and_training_releases_them():
-    model, ids = gpt("t5").eval(), IDS[:, :TRAIN_LEN]
+@pytest.mark.parametrize("name", ["alibi", "fire"])
+def test_an_evaluation_builds_the_masks_of_its_length_once(name, monkeypatch):
+    """``evaluate`` over eight windows of one length: one build, and the losses of passes that build afresh."""
+    from posenc_lab.lab.measure.perplexity import evaluate
+
+    model, calls = gpt(name).eval(), _counting_builds(monkeypatch)
+    stream = torch.randint(0, 256, (8 * 32 + 1,), generator=torch.Generator().manual_seed(5))
+    result = evaluate(model, stream, length=32, tokens=8 * 32, batch_size=2)
+    assert len(calls) == 1
     with torch.no_grad():
-        model(ids)
-        model.encoding.table.extra = nn.Parameter(torch.zeros(3))
-        model(ids)
-        assert model.encoding._kept is not None
-        model.train()(ids)
-    assert model.encoding._kept is None  # nothing held through training
+        windows = stream[:-1].view(8, 32), stream[1:].view(8, 32)
+        want = model.token_losses(*windows).double().mean().item()
+    assert result["loss"] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_every_encoding_takes_an_evaluations_masks(name):
+    """Every encoding's ``tables`` takes the caller's ``masks``: two passes handed one dict equal a pass without."""
+    model, ids = gpt(name).eval(), IDS[:, :TRAIN_LEN]
+    with torch.no_grad():
+        masks = {}
+        first, again, alone = model(ids, masks=masks), model(ids, masks=masks), model(ids)
+    torch.testing.assert_close(first, alone, rtol=0, atol=0)
+    torch.testing.assert_close(again, alone, rtol=0, atol=0)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc_lab import PosencError, make_encoding, rope
-from posenc_lab.encodings import PartialRoPE, PRoPE
+from posenc_lab.encodings import PRoPE, PartialRoPE
 
 
 def released_llama3_inv_freq(dim, base, factor, low_freq_factor, high_freq_factor, original_len):
@@ -186,8 +186,8 @@ def test_variants_are_registered_as_variants_of_rope():
 def test_every_curve_has_its_own_colour_and_old_colours_stay():
     import matplotlib
 
-    from posenc_lab import plots
     from posenc_lab.encodings import ENCODINGS
+    from posenc_lab.lab.figures import plots
 
     names = [n for n in ENCODINGS if n != "rope"]
     names += [f"rope/{s}{ft}" for s in rope.ROPE_SCALINGS for ft in ("", "+ft")]
@@ -321,9 +321,10 @@ def test_new_variants_are_variants():
 def test_the_variants_preset_is_article_cpu_with_the_variants_and_llama3_on_every_rope_seed():
     from dataclasses import asdict
 
-    from posenc_lab import encodings, experiment
+    from posenc_lab import encodings
+    from posenc_lab.lab.experiments import language_model
 
-    variants, article = experiment.preset("variants-cpu"), experiment.preset("article-cpu")
+    variants, article = language_model.preset("variants-cpu"), language_model.preset("article-cpu")
     assert (variants.model, variants.training, variants.seeds) == (article.model, article.training, article.seeds)
     same = ("eval_lengths", "eval_tokens", "stride", "sliding")
     assert {k: asdict(variants.evaluation)[k] for k in same} == {k: asdict(article.evaluation)[k] for k in same}

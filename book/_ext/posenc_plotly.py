@@ -1,11 +1,11 @@
 """Sphinx helper: the built book carries its own plotly.js, so the explorable figures draw offline.
 
-The figures of :mod:`posenc_lab.explore` are a ``<div>`` and a script that calls ``Plotly.newPlot``;
+The figures of :mod:`posenc_lab.lab.figures.interactive` are a ``<div>`` and a script that calls ``Plotly.newPlot``;
 this extension copies the plotly.js bundled with the installed ``plotly`` package into the build's
 ``_static`` and loads it in every page's head, before any figure's script runs. No CDN is used.
 
 A chapter's first figure also carries plotly.js inline, for the notebook opened offline
-(:func:`posenc_lab.explore.library`). The page already has the head's copy, so this extension drops
+(:func:`posenc_lab.lab.figures.interactive.library`). The page already has the head's copy, so this extension drops
 the inline one from the page: about 5 MB less per chapter page.
 """
 
@@ -18,7 +18,7 @@ from docutils import nodes
 from sphinx.application import Sphinx
 
 NAME = "plotly.min.js"
-MARK = "data-posenc-plotlyjs"  # posenc_lab.explore.LIBRARY_MARK
+MARK = "data-posenc-plotlyjs"  # posenc_lab.lab.figures.interactive.LIBRARY_MARK
 _INLINE = re.compile(rf"<script {MARK}>.*?</script>\n?", re.DOTALL)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PACKAGE = "posenc_lab_results"
 SUFFIXES = {".json", ".csv", ".pt", ".md"}
-INIT = '"""The committed results of posenc-lab: ``posenc_lab.results`` reads this folder."""\n'
+INIT = '"""The committed results of posenc-lab: ``posenc_lab.lab.results`` reads this folder."""\n'
 
 
 def _source() -> Path:

@@ -30,11 +30,11 @@ class Tables:
     ``rotation`` holds a rotary encoding's spread ``cos, sin`` tables (``n d``, or ``b n d`` for positions
     ``b n``; :func:`rope.spread_tables`); :meth:`shared` holds what the attention backends derive from a bias
     (its mask, in the form the backend consumes), built by the first layer that asks, as Hugging Face's T5
-    hands the first layer's ``position_bias`` to the others. Only one thing outlives a forward pass: in
-    evaluation, a bias encoding keeps the masks of its last forward pass for the next one over the same
-    positions (:meth:`Encoding.kept_masks`, keyed by the positions, the dtype and the encoding's parameters,
-    buffers and settings); everything else is built afresh, so a parameter updated between two training passes
-    is read by the next.
+    hands the first layer's ``position_bias`` to the others. Nothing outlives a forward pass unless its caller
+    owns it: an evaluation that scores window after window at the same positions with one model hands the same
+    ``shared`` dict to every forward pass (``GPT.forward(masks=...)``), so the masks are built once for all its
+    windows; every other pass builds its own, so a parameter updated between two training passes is read by the
+    next.
     """
 
     def __init__(self, encoding: "Encoding", positions: torch.Tensor, rotation: tuple | None = None,
@@ -72,11 +72,6 @@ class Encoding(nn.Module):
     def __init__(self):
         """Build the encoding: the class's documentation lists the arguments."""
         super().__init__()
-        self._kept: tuple | None = None  # (key, parameter values, masks): see kept_masks
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        self.forget_masks()  # new parameter values: the kept masks are stale
-        super()._load_from_state_dict(*args, **kwargs)
 
     name = "nope"
     hook = "none"
@@ -158,37 +153,12 @@ class Encoding(nn.Module):
         key once, when it enters the cache, and each new query at its own position."""
         return x
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, shared: dict | None = None) -> Tables:
         """The :class:`Tables` every layer of a forward pass over ``positions`` shares (``dtype``: the activations'):
-        the model asks once per forward pass and hands them to each layer's hooks and attention."""
-        return Tables(self, positions, shared=self.kept_masks(positions, dtype))
-
-    def kept_masks(self, positions: torch.Tensor, dtype: torch.dtype) -> dict | None:
-        """The one cache that outlives a forward pass: the masks the backends built from this bias in the last
-        forward pass, handed to the next when it is over the same positions. An evaluation scores window after
-        window at the same positions ``p0 .. p0 + n - 1``, and rebuilding a bias of ``h x n x n`` for each costs
-        about a third of the time of a forward pass at ``n = 4096``.
-
-        Kept only in evaluation (``eval()`` mode, no gradient into a parameter, not under ``torch.compile``) for
-        consecutive positions; training mode or gradients drop what was kept. The key holds everything the masks
-        depend on: the first position, the length, the device, the dtype, whether inference mode is on, the values
-        of the encoding's parameters and buffers (compared, so that a write by any route, ``.data`` included, is
-        seen) and its plain settings and those of its submodules (numbers, flags, names: :meth:`settings`).
-        :meth:`forget_masks` drops it; ``load_state_dict`` and :meth:`RoPE.set_scaling` call it. ``None`` (nothing
-        kept) otherwise."""
-        if (not self.has_bias or self.training or self.needs_grad() or torch.compiler.is_compiling()
-                or positions.dim() != 1 or not positions.numel()):
-            self._kept = None
-            return None
-        n = positions.shape[-1]
-        if int(positions[-1] - positions[0]) != n - 1 or not bool((positions.diff() == 1).all()):
-            return None
-        key = (int(positions[0]), n, positions.device, dtype, torch.is_inference_mode_enabled(), self.settings())
-        values = [t.detach().clone() for t in (*self.parameters(), *self.buffers())]  # a few hundred numbers at most
-        if (self._kept is None or self._kept[0] != key or len(self._kept[1]) != len(values)
-                or not all(torch.equal(a, b) for a, b in zip(self._kept[1], values))):
-            self._kept = (key, values, {})
-        return self._kept[2]
+        the model asks once per forward pass and hands them to each layer's hooks and attention. ``shared``: the
+        masks of earlier passes over the same positions with the same weights, owned by the caller (an
+        evaluation); a new dict otherwise."""
+        return Tables(self, positions, shared=shared)
 
     def settings(self) -> tuple:
         """The plain settings of the encoding and of its submodules: every public attribute that is a number, a flag, a
@@ -200,14 +170,16 @@ class Encoding(nn.Module):
                      if not key.startswith("_") and (isinstance(value, plain) or (
                          isinstance(value, tuple) and all(isinstance(v, plain) for v in value))))
 
-    def forget_masks(self) -> None:
-        """Drop the masks :meth:`kept_masks` keeps (their memory too)."""
-        self._kept = None
-
     def for_layer(self, layer: int, n_layer: int) -> "Encoding":
         """The encoding layer ``layer`` (of ``n_layer``) attends with: the same one in every layer, except in
         variants that leave some layers without position (:class:`RoPENoPELayers`)."""
         return self
+
+    def pin_length(self, final_len: int, dynamic: str | None = None) -> Callable[[], None]:
+        """Fix, for one generation call that ends at ``final_len`` tokens, whatever the encoding would otherwise
+        re-derive from each forward pass's length; returns the function that restores it. Nothing to fix here;
+        RoPE with a factor that follows the length fixes that factor (:meth:`RoPE.pin_length`)."""
+        return lambda: None
 
     def forward_positions(self, positions: torch.Tensor, training: bool) -> torch.Tensor:
         """The positions a forward pass without a cache gives its tokens (``training``: in training mode):

@@ -129,10 +129,11 @@ class FoPE(Encoding):
         """:func:`rope.spread_tables` of :meth:`cos_sin`: the tables :func:`rope.rotate_with` multiplies by."""
         return rope.spread_tables(*self.cos_sin(positions, dtype), self.layout)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
-        """The spread ``C, S`` tables of ``positions`` in float32 or better, for every layer of a forward pass."""
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, shared: dict | None = None) -> Tables:
+        """The spread ``C, S`` tables of ``positions`` in float32 or better, for every layer of a forward pass
+        (``shared``: as :meth:`Encoding.tables`)."""
         rotation = self.spread_tables(positions, torch.promote_types(dtype, torch.float32))
-        return Tables(self, positions, rotation=rotation)
+        return Tables(self, positions, rotation=rotation, shared=shared)
 
     def rotate(self, q, k, positions, tables=None):
         return self.rotate_one(q, positions, "q", tables), self.rotate_one(k, positions, "k", tables)

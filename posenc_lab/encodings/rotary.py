@@ -80,7 +80,6 @@ class RoPE(Encoding):
         rope.scaled_inv_freq(method, self.rotary_dim, base=self.base, train_len=self.train_len,
                              seq_len=self.train_len, factor=factor, **options)
         self.scaling, self.factor, self.scaling_options, self.dynamic = method, factor, options, dynamic
-        self.forget_masks()
         return self
 
     def frequencies(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
@@ -94,10 +93,11 @@ class RoPE(Encoding):
                                              seq_len=n if reads else None, factor=self.factor, **self.scaling_options)
         return freqs * (torch.arange(freqs.shape[-1]) < self.kept_pairs), factor
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, shared: dict | None = None) -> Tables:
         """The spread ``cos, sin`` tables of ``positions`` (:meth:`spread_tables`) in float32 or better, for every
-        layer of a forward pass."""
-        return Tables(self, positions, rotation=self.spread_tables(positions, torch.promote_types(dtype, torch.float32)))
+        layer of a forward pass (``shared``: as :meth:`Encoding.tables`)."""
+        return Tables(self, positions, rotation=self.spread_tables(positions, torch.promote_types(dtype, torch.float32)),
+                      shared=shared)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos`` and ``sin`` tables (``n d/2``) in ``dtype``, attention factor included."""
@@ -152,6 +152,19 @@ class RoPE(Encoding):
         the length, dynamic NTK in its ``"sequence"`` form, or LongRoPE (its factors are chosen by the length)."""
         return (self.factor_follows_length or self.scaling == "longrope"
                 or (self.scaling == "dynamic-ntk" and self.dynamic == "sequence"))
+
+    def pin_length(self, final_len: int, dynamic: str | None = None):
+        """Fix a factor that follows the length at ``max(1, final_len / train_len)`` (and dynamic NTK's form at
+        ``dynamic``, when given) for one generation call, so that every step of it rotates with the same factor;
+        returns the function that restores the strategy as it was."""
+        saved = (self.scaling, self.factor, dict(self.scaling_options), self.dynamic)
+        factor = max(1.0, final_len / self.train_len) if self.factor_follows_length else self.factor
+        self.set_scaling(self.scaling, factor, dynamic=dynamic or self.dynamic, **self.scaling_options)
+
+        def restore():
+            self.set_scaling(saved[0], saved[1], dynamic=saved[3], **saved[2])
+
+        return restore
 
     @property
     def factor_follows_length(self) -> bool:

@@ -97,9 +97,9 @@ class SSMax(Encoding):
         self.s = nn.Parameter(torch.full((num_heads,), float(s_init)))
         self.inner = NoPE() if inner is None else inner
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tables:
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, shared: dict | None = None) -> Tables:
         """The base encoding's rotation tables, served as this encoding's (``s`` is read afresh at every layer)."""
-        return Tables(self, positions, rotation=self.inner.tables(positions, dtype).rotation)
+        return Tables(self, positions, rotation=self.inner.tables(positions, dtype).rotation, shared=shared)
 
     def rotate(self, q, k, positions, tables=None, *, reach=None, chunk=None):
         return (self.rotate_one(q, positions, "q", tables, reach=reach, chunk=chunk),
