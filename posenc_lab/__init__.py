@@ -24,7 +24,7 @@ The core needs torch and einops only. Its public names:
   ``PosencError`` and ``PositionOutOfRange``.
 
 The experiment lives in ``posenc_lab.lab``, one folder per stage (``data``, ``run``, ``measure``, ``experiments``,
-``verdicts``, ``figures``); it needs the ``[lab]`` extra, its figures the ``[book]`` extra. The core never imports it.
+``verdicts``, ``figures``); it needs the ``[lab]`` extra, its figures the ``[figures]`` extra. The core never imports it.
 """
 
 from . import absolute, bias, rope

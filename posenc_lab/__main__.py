@@ -232,17 +232,17 @@ def _context_parser(sub) -> None:
 
 def _report(folder, figures: bool = True) -> str:
     """The text report of a run folder and, with ``figures``, its PNGs under ``folder/figures``. Without the
-    ``[book]`` extra that draws them (``pip install posenc-lab[lab]`` alone), the figures are skipped with one line
+    ``[figures]`` extra that draws them (``pip install posenc-lab[lab]`` alone), the figures are skipped with one line
     that names it: the results are in the folder already."""
     from posenc_lab.lab import extras
     from posenc_lab.lab.verdicts import tables as report
 
     text = report.report(folder)
     if figures:
-        absent = extras.missing("book")
+        absent = extras.missing("figures")
         if absent:
-            return text + (f"\n\nfigures skipped: they need the [book] extra (missing: {', '.join(absent)}): "
-                           "pip install 'posenc-lab[book]'")
+            return text + (f"\n\nfigures skipped: they need the [figures] extra (missing: {', '.join(absent)}): "
+                           "pip install 'posenc-lab[figures]'")
         from posenc_lab.lab.figures.files import save_report_figures
 
         rows, units, _ = report.load(folder)

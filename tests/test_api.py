@@ -192,7 +192,7 @@ def test_only_the_asked_modes_are_validated():
 
 
 @pytest.mark.parametrize("module,extra", [("posenc_lab.lab.run.training", "lab"), ("posenc_lab.lab.verdicts.statistics", "lab"),
-                                          ("posenc_lab.lab.figures.plots", "book")])
+                                          ("posenc_lab.lab.figures.plots", "figures")])
 def test_a_missing_extra_is_one_line_naming_the_install(module, extra):
     """With the extra's modules hidden, importing a lab or book module says which extra to install."""
     hide = "\n".join([

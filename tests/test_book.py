@@ -2,6 +2,7 @@
 
 import html as html_text
 import json
+import io
 import os
 import re
 import shutil
@@ -82,8 +83,51 @@ def test_every_notebook_installs_from_the_repository_url_in_config():
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     first = {install_cell(md) for md in NOTEBOOKS}
     assert len(first) == 1, "every chapter starts with the same setup cell"
-    assert f"git+{url}" in first.pop()
+    assert f'"{url}"' in first.pop()
 
+
+class _Recorder:
+    """Stands in for subprocess.Popen: records each command and prints nothing."""
+    commands: list = []
+
+    def __init__(self, command, **kwargs):
+        self.commands.append(command)
+        self.stdout, self.returncode = io.BytesIO(b"progress\n"), 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("absent, no_results, wanted", [
+    ((), False, None),
+    ((), True, ["./posenc-lab-source/packaging/results"]),
+    (("seaborn",), False, ["./posenc-lab-source[lab,figures]"]),
+    (("posenc_lab",), False, ["./posenc-lab-source[lab,figures]", "./posenc-lab-source/packaging/results"]),
+])
+def test_install_cell_clones_once_and_installs_only_what_is_missing(absent, no_results, wanted, monkeypatch,
+                                                                     tmp_path, capsys):
+    """The setup cell checks the package, its committed results and the plotting libraries; it clones the
+    repository only when one is missing, once, and installs from that clone only what is missing."""
+    import importlib.util
+    import subprocess as sp
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    monkeypatch.setattr(sp, "Popen", _Recorder)
+    monkeypatch.chdir(tmp_path)
+    if no_results:  # a folder without the results' marker: the results are not found
+        monkeypatch.setenv("POSENC_LAB_RESULTS", str(tmp_path))
+    _Recorder.commands = []
+    exec(install_cell(NOTEBOOKS[0]), {})
+    clones = [c for c in _Recorder.commands if c[:2] == ("git", "clone")]
+    installs = [c for c in _Recorder.commands if "pip" in c]
+    assert len(clones) == len(installs) == (wanted is not None)
+    if wanted:
+        assert list(installs[0][installs[0].index("on") + 1:]) == wanted
+        assert "Installing" in capsys.readouterr().out
 
 def colab_like_venv(path: Path) -> Path:
     """A fresh virtual environment that has the third-party dependencies (torch and friends) but not posenc_lab, as
@@ -122,6 +166,10 @@ def clean_source(dest: Path) -> Path:
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
+    # a repository, as the URL is: the setup cell clones it
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@localhost", "-c", "init.defaultBranch=main"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "source"]):
+        subprocess.run(git + step, cwd=dest, check=True, capture_output=True)
     return dest
 
 

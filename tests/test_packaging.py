@@ -154,7 +154,7 @@ def test_a_run_with_the_lab_extra_alone_saves_its_results_and_skips_the_figures_
     from posenc_lab.__main__ import main
     from posenc_lab.lab.extras import EXTRAS
 
-    for name in EXTRAS["book"]:
+    for name in EXTRAS["figures"]:
         monkeypatch.setitem(sys.modules, name, None)  # import fails, find_spec finds nothing
     for name in ("posenc_lab.lab.figures.files", "posenc_lab.lab.figures.plots"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -166,5 +166,5 @@ def test_a_run_with_the_lab_extra_alone_saves_its_results_and_skips_the_figures_
     assert (out / "results.csv").exists() and json.loads((out / "results.json").read_text())
     assert not (out / "figures").exists()
     skipped = [line for line in printed if "figures" in line.lower()]
-    assert skipped == ["figures skipped: they need the [book] extra (missing: matplotlib, seaborn, plotly): "
-                       "pip install 'posenc-lab[book]'"]
+    assert skipped == ["figures skipped: they need the [figures] extra (missing: matplotlib, seaborn, plotly): "
+                       "pip install 'posenc-lab[figures]'"]

@@ -1,4 +1,4 @@
-"""The lab: the experiment around the core, in rooms by stage (the ``[lab]`` extra; the figures need ``[book]``).
+"""The lab: the experiment around the core, in rooms by stage (the ``[lab]`` extra; the figures need ``[figures]``).
 
 ``data`` (corpora, prose, synthetic tasks) -> ``run`` (training, units, processes, several GPUs, the run folder's
 schema) -> ``measure`` (perplexity, accuracy, the far-context gain, passkeys, diagnostics, streams, the budget, the

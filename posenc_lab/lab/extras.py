@@ -1,7 +1,7 @@
 """The optional extras of the package, and the one-line error for a missing one.
 
 ``pip install posenc-lab`` brings the core (torch, einops, numpy). The experiment's modules need the ``lab``
-extra, the figures and the book the ``book`` extra; a module that needs one calls :func:`require` first, so
+extra, the figures the ``figures`` extra (the ``book`` extra adds the book's tools to them); a module that needs one calls :func:`require` first, so
 that a missing dependency reads as the install line that fixes it.
 """
 
@@ -12,7 +12,7 @@ import importlib.util
 #: the third-party modules each extra brings (import names)
 EXTRAS = {
     "lab": ("tqdm", "pandas", "scipy", "statsmodels"),
-    "book": ("matplotlib", "seaborn", "plotly"),
+    "figures": ("matplotlib", "seaborn", "plotly"),
 }
 
 

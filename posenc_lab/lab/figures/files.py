@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from posenc_lab.lab.extras import require
 
-require("book", "posenc_lab.lab.figures.files")
+require("figures", "posenc_lab.lab.figures.files")
 
 from pathlib import Path
 

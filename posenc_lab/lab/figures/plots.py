@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from posenc_lab.lab.extras import require
 
-require("book", "posenc_lab.lab.figures.plots")
+require("figures", "posenc_lab.lab.figures.plots")
 
 
 import numpy as np
