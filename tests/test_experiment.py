@@ -99,8 +99,8 @@ def test_bad_evaluation_arguments(tiny_model, kwargs, match):
         evaluate(tiny_model, stream, **args)
 
 
-@pytest.mark.slow
-def test_nan_loss_stops_with_clear_message_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+def poisoned_model(monkeypatch, nan_at) -> GPT:
+    """A one-layer RoPE model whose loss turns NaN at the calls ``nan_at`` says (a predicate of the call count)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
     real_loss, calls = model.loss, []
@@ -108,9 +108,15 @@ def test_nan_loss_stops_with_clear_message_and_keeps_last_checkpoint(tmp_path, m
     def poisoned(x, y):
         calls.append(1)
         loss = real_loss(x, y)
-        return loss * float("nan") if len(calls) > 5 else loss
+        return loss * float("nan") if nan_at(len(calls)) else loss
 
     monkeypatch.setattr(model, "loss", poisoned)
+    return model
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_with_clear_message_and_keeps_last_checkpoint(tmp_path, monkeypatch):
+    model = poisoned_model(monkeypatch, lambda call: call > 5)
     stream = (torch.arange(5000) % 97).to(torch.uint8)
     ckpt = tmp_path / "ckpt.pt"
     with pytest.raises(TrainingDiverged, match=r"loss became nan at step 5 .*last good checkpoint .*ckpt.pt is kept"):
@@ -551,16 +557,7 @@ def test_losses_read_in_windows_equal_losses_read_every_step(tmp_path):
 
 @pytest.mark.slow
 def test_nan_loss_found_at_a_windowed_read_names_its_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, train_len=8))
-    real_loss, calls = model.loss, []
-
-    def poisoned(x, y):
-        calls.append(1)
-        loss = real_loss(x, y)
-        return loss * float("nan") if len(calls) == 7 else loss
-
-    monkeypatch.setattr(model, "loss", poisoned)
+    model = poisoned_model(monkeypatch, lambda call: call == 7)
     stream = (torch.arange(5000) % 97).to(torch.uint8)
     ckpt = tmp_path / "ckpt.pt"
     with pytest.raises(TrainingDiverged, match=r"loss became nan at step 6 .*ckpt.pt is kept"):
