@@ -200,6 +200,12 @@ results-prose: env corpus-prose
 benchmarks-cpu: env
 	$(PY) benchmarks/attention.py --lengths 512,1024,2048 --train-len 512 --heads 8 --head-dim 64 --reps 5 --json results/benchmarks/cpu-attention.json
 	$(PY) benchmarks/train_throughput.py --n-layer 4 --d-model 128 --n-head 4 --seq-len 512 --batch 4 --reps 10 --rounds 5 --json results/benchmarks/cpu-train.json
+	$(PY) benchmarks/train_throughput.py --encodings nope,rope,alibi,ssmax,ssmax-rope,nope-temp,irope,gemma3,rnope-swa,fope,fox,cope \
+	  --n-layer 4 --n-head 4 --d-model 128 --seq-len 512 --batch 8 --no-compile --warmup 2 --reps 5 --rounds 2 --no-progress \
+	  --json results/benchmarks/cpu-train-recent.json
+	$(PY) benchmarks/train_throughput.py --encodings nope,kerple,stick-breaking,path,dape-kerple \
+	  --n-layer 4 --n-head 4 --d-model 128 --seq-len 512 --batch 8 --no-compile --warmup 2 --reps 5 --rounds 2 --no-progress \
+	  --json results/benchmarks/cpu-train-past-softmax.json
 	$(PY) benchmarks/step.py --json results/benchmarks/cpu-step.json
 	$(PY) benchmarks/long_eval.py --lengths 1024,2048,4096,8192 --reps 3 --rounds 2 --json results/benchmarks/cpu-long-eval.json
 	$(PY) benchmarks/levers.py --json results/benchmarks/cpu-levers.json

@@ -147,8 +147,9 @@ def colab_like_venv(path: Path) -> Path:
 def colab_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # no network: the install cell is pointed at this checkout instead of the repository URL, and pip may not
-    # reach an index (the build uses the environment's setuptools instead of downloading one)
-    env.update(POSENC_LAB_SOURCE=clean_source(tmp_path / "source").as_uri(), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+    # reach an index (the build uses the environment's setuptools instead of downloading one); a plain path, so
+    # that git clones it locally with hard links (a file:// URL would pack 100 MB for every chapter)
+    env.update(POSENC_LAB_SOURCE=str(clean_source(tmp_path / "source")), PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
                PIP_DISABLE_PIP_VERSION_CHECK="1", TQDM_DISABLE="1", HOME=str(tmp_path))
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, as on Colab: figures are outputs nbval compares
     return env
