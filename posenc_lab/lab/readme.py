@@ -148,7 +148,7 @@ def _verdict_plain(verdict: str, plural: bool) -> str:
 
 def changed_verdicts(side, parts: list[str], there: str, here: str) -> str:
     """The verdicts of ``parts`` that differ between runs ``there`` and ``here`` (the headline run) of a
-    :func:`~posenc_lab.in_words.side_by_side` table, one sentence per change: ``There "T5 holds to about 2x" holds;
+    :func:`~posenc_lab.lab.verdicts.in_words.side_by_side` table, one sentence per change: ``There "T5 holds to about 2x" holds;
     in the headline run it does not hold.``"""
     groups: dict[tuple[str, str], list[str]] = {}
     for part in parts:
@@ -496,7 +496,7 @@ def recent_digits_rows() -> tuple[list[dict], list[str]]:
 
 def recent_digits_line() -> str:
     """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
-    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.in_words.retrieval_against_baselines`,
+    fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.lab.verdicts.in_words.retrieval_against_baselines`,
     the family chapter 13 reads), each with the lengths where the difference counts. Exact match is an accuracy, so
     more is better: the line says "more accurate" and "less accurate", never "higher" or "lower", which the lines on
     perplexity before it use the other way round."""

@@ -14,7 +14,7 @@ same targets, once each:
   use ``S = 1`` at great cost; ``S < L`` trades compute for context.
 
 With a document index per byte (``documents``), the loss is also summed per document, so that the
-spread over documents (a bootstrap in :mod:`report`) can stand beside the spread over seeds.
+spread over documents (a bootstrap in :mod:`~posenc_lab.lab.verdicts.tables`) can stand beside the spread over seeds.
 ``reach=W`` scores the same targets with every layer's attention limited to the last ``W`` keys (a
 sliding-window mask, :func:`~posenc_lab.backends.attention`); ``per_target=True`` also returns each target's loss,
 so that two evaluations of the same targets can be compared byte by byte (:mod:`posenc_lab.lab.experiments.context`).

@@ -2,7 +2,7 @@
 
 * Precision: bf16 autocast on CUDA where supported, fp16 with a gradient scaler on other CUDA
   GPUs (Colab's T4), fp32 on the CPU.
-* Every batch is a pure function of ``(seed, step)`` (:func:`data.batch_at`), and a checkpoint holds
+* Every batch is a pure function of ``(seed, step)`` (:func:`~posenc_lab.lab.data.corpora.batch_at`), and a checkpoint holds
   the model, the optimizer, the scaler and the loss history: a run resumed from its last checkpoint
   ends exactly where an uninterrupted one does (on the CPU, same seed).
 * Checkpoints are written to a temporary file and renamed, so a kill leaves the previous one whole.
@@ -188,7 +188,7 @@ def train(model, stream: torch.Tensor | None, cfg: TrainConfig, *, length: int |
     ``checkpoint_every`` steps and at the end. ``compile`` runs the forward and backward through
     ``torch.compile``. ``batches(step) -> (inputs, targets)`` replaces the windows of ``stream`` (a
     synthetic task; targets ``IGNORE`` carry no loss); it must be a pure function of ``step``, as
-    :func:`data.batch_at` is, for a resumed run to equal an uninterrupted one. ``on_step(step)`` is
+    :func:`~posenc_lab.lab.data.corpora.batch_at` is, for a resumed run to equal an uninterrupted one. ``on_step(step)`` is
     called before the first step of a fresh run and after every step (a probe of the model);
     ``extra_state``, a list it may fill, is saved in the checkpoint and restored on resume. The losses are read
     from the device every ``sync_every`` steps (default :func:`default_sync_every`; every step when ``on_step`` is
@@ -280,7 +280,7 @@ def _resume(checkpoint: Path | None, model, opt, scaler, device: torch.device, e
 
 
 def _windows(stream: torch.Tensor | None, cfg: TrainConfig, length: int) -> Callable[[int], tuple]:
-    """``batches(step)``: the windows of ``stream`` that step ``step`` trains on (:func:`data.batch_at`)."""
+    """``batches(step)``: the windows of ``stream`` that step ``step`` trains on (:func:`~posenc_lab.lab.data.corpora.batch_at`)."""
     if stream is None:
         raise PosencError("train() needs a token stream or a batches(step) function")
 
