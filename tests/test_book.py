@@ -453,7 +453,8 @@ def test_reference_pages_in_a_real_browser(built_book):
         assert "CC BY 4.0" in text and "MIT" in text, f"reference/{md.stem}: the licences are not in the footer"
         if md.stem == "index":
             continue
-        module = importlib.import_module(f"posenc_lab.{md.stem}")
+        # the page's module: its first automodule directive (a lab page is named after its module's last part)
+        module = importlib.import_module(re.search(r"automodule::\s*(\S+)", source).group(1))
         public = [f"{module.__name__}.{name}" for name, obj in vars(module).items()
                   if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj))
                   and obj.__module__ == module.__name__]
