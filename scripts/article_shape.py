@@ -83,7 +83,7 @@ def probe(args) -> int:
     eager_mfu = tokens / spec.training.steps * measured["nope"]["flops_per_token"] / (
         measured["nope"]["seconds_per_step"] * rate * 1e12)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "matmul_tflops": round(rate, 1), "units": len(units), "train_tokens_per_unit": tokens,
+              "matmul_tflops": float(f"{rate:.3g}"), "units": len(units), "train_tokens_per_unit": tokens,
               "train_pflop": round(flops / 1e15, 3), "eager": measured, "eager_mfu_nope": round(eager_mfu, 3),
               "predicted_seconds": {"optimistic": round(optimistic, 1), "pessimistic": round(pessimistic, 1)},
               "deadline_seconds": args.deadline, "overhead_seconds": args.overhead}

@@ -5,6 +5,10 @@ import torch
 
 # deterministic, and quiet about FlexAttention running unfused on the CPU (that is what we test there)
 torch.manual_seed(0)
+# under `make test` two workers share the cores: one thread each for the tests in this process, so that they do
+# not oversubscribe the machine (the chapters and the book, run in processes of their own, keep torch's default)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 

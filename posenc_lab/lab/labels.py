@@ -26,6 +26,7 @@ class Label:
 
     @classmethod
     def parse(cls, text: str) -> "Label":
+        """The label a printed ``"encoding/strategy"`` (or a bare ``"encoding"``) stands for."""
         encoding, _, strategy = text.partition("/")
         return cls(encoding, strategy or None)
 
