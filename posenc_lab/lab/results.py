@@ -9,7 +9,7 @@ exactly the committed numbers after one install line::
     pip install "posenc-lab[lab,book] @ git+https://github.com/posenc-lab/posenc-lab" \
         "posenc-lab-results @ git+https://github.com/posenc-lab/posenc-lab#subdirectory=packaging/results"
 
-    from posenc_lab import results
+    from posenc_lab.lab import results
     rows, units, config = results.load("article-cpu")
     bench = results.benchmark("cpu-long-eval")
 
