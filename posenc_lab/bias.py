@@ -23,13 +23,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .errors import PosencError, check_positions
-
-
-def check_heads(num_heads) -> None:
-    """Raise :class:`PosencError` unless ``num_heads`` is a positive integer."""
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
-        raise PosencError(f"the number of heads must be a positive integer, got {num_heads!r}")
+from .errors import PosencError, check_heads, check_positions
 
 
 def distances(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

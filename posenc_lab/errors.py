@@ -51,6 +51,12 @@ def check_positive(name: str, value) -> None:
         raise PosencError(f"{name} must be a positive number, got {value!r}")
 
 
+def check_heads(num_heads) -> None:
+    """Raise :class:`PosencError` unless ``num_heads`` is a positive integer."""
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
+        raise PosencError(f"the number of heads must be a positive integer, got {num_heads!r}")
+
+
 def check_even(name: str, value: int) -> None:
     """Raise :class:`PosencError` unless ``value`` is a positive even number (dimensions are rotated in pairs)."""
     check_positive(name, value)

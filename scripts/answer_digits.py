@@ -16,6 +16,7 @@ import torch
 from posenc_lab.errors import PosencError
 from posenc_lab.lab import results
 from posenc_lab.lab.data import tasks
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.experiments import retrieval
 
 
@@ -30,7 +31,7 @@ def main() -> None:
         model = results.model_from_run(args.run, args.encoding, seed=args.seed)
     except PosencError as error:
         raise SystemExit(f"answer_digits: {error}") from None
-    spec = results.spec_of(json.loads((args.run / "config.json").read_text()))
+    spec = spec_of(json.loads((args.run / "config.json").read_text()))
     if not isinstance(spec, retrieval.RetrievalSpec):
         raise SystemExit(f"answer_digits: {args.run} is a language-model run; this script reads retrieval runs")
     generator = torch.Generator().manual_seed(2026)

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import matmul_tflops, sync  # noqa: E402
-from posenc_lab.lab import results  # noqa: E402
+from posenc_lab.lab.experiments.families import spec_of  # noqa: E402
 from posenc_lab.lab.data.corpora import evaluation_text, load_corpus  # noqa: E402
 from posenc_lab.lab.measure.perplexity import evaluate  # noqa: E402
 from posenc_lab.model import GPT  # noqa: E402
@@ -109,7 +109,7 @@ def probe(args) -> int:
 def precision(args) -> int:
     run = Path(args.run)
     config = json.loads((run / "config.json").read_text())
-    spec = results.spec_of(config)
+    spec = spec_of(config)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     ev = spec.evaluation
     length = max(ev.eval_lengths)

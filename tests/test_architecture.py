@@ -18,9 +18,9 @@ _spec.loader.exec_module(architecture)
 #: the core: what a researcher imports (torch, einops, numpy only)
 CORE = ["posenc_lab", "posenc_lab.encodings", "posenc_lab.backends", "posenc_lab.rope", "posenc_lab.xpos",
         "posenc_lab.bias", "posenc_lab.absolute", "posenc_lab.model", "posenc_lab.errors"]
-MAX_LAYERS = 12
+MAX_LAYERS = 10
 #: every module any call touches on the way (leaf checks included), and the chain of calls on the stack
-TRAIL_MODULES, TRAIL_RETURNS_UP = 13, 3
+TRAIL_MODULES, TRAIL_RETURNS_UP = 12, 3
 PATH_MODULES, PATH_RETURNS_UP = 5, 1
 
 

@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import tables
-from tables import LENGTHS
 
 from posenc_lab.lab.verdicts import claims, in_words, statistics, tables as report
 

@@ -16,7 +16,6 @@ import torch
 from posenc_lab import PosencError, TrainingDiverged
 from posenc_lab.__main__ import main
 from posenc_lab.model import GPT, GPTConfig
-from posenc_lab.lab.data.corpora import load_corpus
 from posenc_lab.lab.experiments import extend_run, language_model as experiment
 from posenc_lab.lab.measure import budget, perplexity_grid
 from posenc_lab.lab.measure.perplexity import evaluate, unscored, window_plan

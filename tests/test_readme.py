@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from posenc_lab.lab import readme, results
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.verdicts import in_words as findings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_headline_run_is_chosen_by_its_recipe_and_the_other_recipe_is_named():
     run block names the verdicts the other recipe decides otherwise (book/analysis.md)."""
     from posenc_lab.lab import results
 
-    ours, other = (results.spec_of(results.load(r)[2]).training for r in (readme.HEADLINE, readme.OTHER_RECIPE))
+    ours, other = (spec_of(results.load(r)[2]).training for r in (readme.HEADLINE, readme.OTHER_RECIPE))
     assert ours.steps > other.steps and ours.steps * ours.batch_size == other.steps * other.batch_size
     side = findings.side_by_side({r: readme.rows_of(r) for r in (readme.HEADLINE, readme.OTHER_RECIPE)})
     differ = [readme.SHORT[p] for p in side.index if not side.loc[p, ("all runs", "same verdict")]]

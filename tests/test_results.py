@@ -5,6 +5,7 @@ import torch
 
 from posenc_lab import PosencError
 from posenc_lab.lab import results
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.verdicts import tables as report
 
 
@@ -45,7 +46,7 @@ def test_committed_models_reproduce_their_committed_numbers(encoding):
     from posenc_lab.lab.measure.perplexity import evaluate
 
     rows, _, config = results.load("article-cpu")
-    spec = results.spec_of(config)
+    spec = spec_of(config)
     train_len, eval_tokens = spec.model.train_len, spec.evaluation.eval_tokens
     model = results.model("article-cpu", encoding)
     assert model.cfg.train_len == train_len and not model.training

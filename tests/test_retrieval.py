@@ -13,6 +13,7 @@ from posenc_lab import PosencError, model
 from posenc_lab.model import GPT, GPTConfig, IGNORE
 from posenc_lab.lab.data import tasks
 from posenc_lab.lab.experiments import retrieval
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.measure import accuracy
 
 
@@ -363,7 +364,7 @@ def test_the_command_line_passes_the_multikey_training_options(tmp_path):
     # results.model_from_run rebuilds a retrieval run's model from its folder, untied as trained, every weight in place
     from posenc_lab.lab import results
 
-    assert isinstance(results.spec_of(json.loads((out / "config.json").read_text())), retrieval.RetrievalSpec)
+    assert isinstance(spec_of(json.loads((out / "config.json").read_text())), retrieval.RetrievalSpec)
     model = results.model_from_run(out, "nope")
     assert not model.training and not model.cfg.tie_embeddings and model.cfg.train_len == 72
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())

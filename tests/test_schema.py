@@ -10,6 +10,7 @@ import pytest
 from posenc_lab import PosencError
 from posenc_lab.lab import results
 from posenc_lab.lab.experiments import language_model as experiment, retrieval
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.run import units
 from posenc_lab.lab.run.schema import (PARTS, SCHEMA_VERSION, config_version, migrate, migrate_config, migrate_unit,
                                        read_config, version)
@@ -121,8 +122,8 @@ def test_an_old_flat_config_migrates_to_a_spec_of_parts_and_round_trips():
     assert spec["evaluation"]["eval_lengths"] == [512, 1024, 2048, 8192] and spec["finetuning"]["finetune_len"] == 2048
     assert flat(spec) == old["spec"]  # nothing lost, nothing added
     assert migrate_config(new) is new  # a current config is returned as it is
-    read = results.spec_of(old)  # from the old shape or the new, the same spec
-    assert read == results.spec_of(new) == experiment.PRESETS["article-cpu"]
+    read = spec_of(old)  # from the old shape or the new, the same spec
+    assert read == spec_of(new) == experiment.PRESETS["article-cpu"]
     assert json.loads(json.dumps(read.to_dict())) == spec and experiment.Spec.from_dict(spec) == read
 
 
@@ -132,7 +133,7 @@ def test_an_old_retrieval_and_context_config_migrate_too(tmp_path):
     new = migrate_config(old)
     assert set(new["spec"]["model"]) == {"n_layer", "n_head", "d_model", "train_len", "backend"}
     assert "evaluation" not in new["spec"] and new["spec"]["eval_batch_size"] == 32  # its grid stays its own
-    assert results.spec_of(old) == results.spec_of(new) == retrieval.RETRIEVAL_PRESETS["retrieval-cpu"]
+    assert spec_of(old) == spec_of(new) == retrieval.RETRIEVAL_PRESETS["retrieval-cpu"]
     context = results.load_config_only("context-cpu")[2]
     older = {k: v for k, v in {**context, "trained": flat(context["trained"])}.items() if k != "schema"}
     (tmp_path / "config.json").write_text(json.dumps(older))

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import inspect
 
-from .. import bias
-from ..errors import PosencError, unknown_name
+from ..errors import PosencError, check_heads, unknown_name
 from .adaptive import DAPE, DAPEALiBi, DAPEFire, DAPEKerple, DAPELayer
 from .base import Encoding, NoPE, Tables, position_span
 from .biases import T5, ALiBi, Fire, Kerple
@@ -54,7 +53,7 @@ from .forgetting import FoX, FoXLayer
 from .householder import PaTH, PaTHFoX, PaTHLayer
 from .huggingface import HF_ROPE_TYPES, rope_from_hf
 from .mixes import Gemma3Layers, IRoPE, NoPETemperature, RNoPESWA, attn_temperature
-from .randomized import RandomizedLearned, RandomizedRoPE, _Randomized  # noqa: F401 (the book prints its source)
+from .randomized import RandomizedLearned, RandomizedRoPE
 from .rotary import DYNAMIC_FORMS, PartialRoPE, PRoPE, RoPE, RoPEBase500, RoPEBase500k, RoPENoPELayers, XPos
 from .scaled import SSMax, SSMaxRoPE
 from .stickbreaking import StickBreaking
@@ -107,7 +106,7 @@ def make_encoding(name: str, *, d_model: int | None = None, num_heads: int | Non
         raise unknown_name("encoding", name, ENCODINGS)
     cls = ENCODINGS[name]
     if num_heads is not None:
-        bias.check_heads(num_heads)
+        check_heads(num_heads)
     if head_dim is None and d_model is not None and num_heads is not None:
         if d_model % num_heads:
             raise PosencError(f"d_model {d_model} is not divisible by the number of heads {num_heads}")

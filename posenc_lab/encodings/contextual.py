@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum
 from torch import nn
 
 from ..errors import PosencError

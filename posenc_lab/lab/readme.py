@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from posenc_lab.lab import results
+from posenc_lab.lab.experiments.families import spec_of
 from posenc_lab.lab.labels import Label
 from posenc_lab.lab.verdicts import claims, in_words, tables
 from posenc_lab.lab.verdicts.statistics import frame
@@ -64,7 +65,7 @@ def mean_loss_at_train_len(run: str, labels=COMPARED, *, mode: str = "nonoverlap
 
 
 def _spec(run: str):
-    return results.spec_of(_load(run)[2])
+    return spec_of(_load(run)[2])
 
 
 def _recipe(run: str) -> str:

@@ -217,24 +217,22 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
     from posenc_lab.model import GPT
 
-    spec = spec_of(config)
-    cfg = spec.model.config(trained_as(encoding, config))
-    cfg.encoding_options = {**getattr(spec, "encoding_options", {}).get(encoding, {}), **options}
+    cfg = model_shape(config).config(trained_as(encoding, config))
+    recorded = migrate_config(config)["spec"].get("encoding_options", {})
+    cfg.encoding_options = {**recorded.get(encoding, {}), **options}
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return net.eval()
 
 
-def spec_of(config: dict):
-    """The spec a run's ``config.json`` records (of any schema version): a
-    :class:`~posenc_lab.lab.experiments.retrieval.RetrievalSpec` for a retrieval run (its config describes the task under
-    ``task``), else a language-model :class:`~posenc_lab.lab.experiments.language_model.Spec`."""
-    from posenc_lab.lab.experiments.language_model import Spec
-    from posenc_lab.lab.experiments.retrieval import RetrievalSpec
+def model_shape(config: dict):
+    """The shape every model of a run was trained in, from its ``config.json`` (of any schema version): a
+    :class:`~posenc_lab.lab.experiments.recipe.ModelSpec`, the same part in every kind of run. The whole spec is
+    :func:`~posenc_lab.lab.experiments.families.spec_of`."""
+    from posenc_lab.lab.experiments.recipe import ModelSpec
 
-    kind = RetrievalSpec if "task" in config else Spec
-    return kind.from_dict(migrate_config(config)["spec"])
+    return ModelSpec(**migrate_config(config)["spec"]["model"])
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:

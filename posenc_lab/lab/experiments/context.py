@@ -282,13 +282,14 @@ def run(spec: ContextSpec, out: Path | str, *, device: str | None = None, progre
     one the run recorded."""
     from posenc_lab import __version__
     from posenc_lab.lab.data.corpora import evaluation_text, load_corpus
-    from posenc_lab.lab.results import spec_of
+    from posenc_lab.lab.experiments.language_model import Spec
+    from posenc_lab.lab.run.schema import migrate_config
     from posenc_lab.lab.run.units import collect, git_commit, prepare, resolve_device, run_units
 
     out = Path(out)
     device = resolve_device(device)
     config, load = _load_run(spec)
-    run_spec = spec_of(config)
+    run_spec = Spec.from_dict(migrate_config(config)["spec"])  # a language-model run: _load_run checked it
     train_len = run_spec.model.train_len
     corpus = load_corpus(corpus or config.get("corpus", {}).get("corpus", "stdlib"))
     recorded = config.get("corpus", {}).get("sha256")

@@ -32,9 +32,9 @@ import torch
 from posenc_lab.encodings import ENCODINGS, PRIMARY, strategies_of
 from posenc_lab.errors import PosencError, check_positive, unknown_name
 from posenc_lab.model import GPT
-from posenc_lab.rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
+from posenc_lab.rope import ARTICLE_STRATEGIES
 from posenc_lab.lab.data.corpora import Corpus, EvalText, evaluation_text, load_corpus
-from posenc_lab.lab.experiments.recipe import Composed, ModelSpec, TrainingSpec
+from posenc_lab.lab.experiments.recipe import Composed, ModelSpec, TrainingSpec, check_registered
 from posenc_lab.lab.measure.perplexity import MODES, window_plan
 from posenc_lab.lab.measure.perplexity_grid import PlainRotation, encoding_state, evaluate_all, evaluate_checkpoint
 from posenc_lab.lab.run import distributed
@@ -103,9 +103,7 @@ class FinetuningSpec:
     finetune_seeds: tuple[int, ...] | None = None  # the RoPE seeds that are fine-tuned (default: all)
 
     def __post_init__(self):
-        for name in self.finetune:
-            if name not in ROPE_SCALINGS:
-                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        check_registered(strategies=self.finetune)
         if "dynamic-ntk" in self.finetune:
             raise PosencError("dynamic-ntk has no fixed factor to fine-tune with; fine-tune with pi, ntk or yarn")
 
@@ -134,12 +132,7 @@ class Spec(Composed):
 
     def __post_init__(self):
         model, evaluation, tune = self.model, self.evaluation, self.finetuning
-        for name in self.encodings:
-            if name not in ENCODINGS:
-                raise unknown_name("encoding", name, ENCODINGS)
-        for name in self.strategies:
-            if name not in ROPE_SCALINGS:
-                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        check_registered(self.encodings, self.strategies)
         if evaluation.curve_points:
             longest = max(self.curve_lengths())
             if evaluation.curve_tokens % (8 * longest) or evaluation.curve_tokens > evaluation.eval_tokens:

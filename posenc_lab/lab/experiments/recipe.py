@@ -16,10 +16,29 @@ require("lab", "posenc_lab.lab.experiments.recipe")
 
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass, replace
 
+from posenc_lab.encodings import ENCODINGS
 from posenc_lab.errors import PosencError, check_positive, unknown_name
 from posenc_lab.model import GPTConfig
+from posenc_lab.rope import ROPE_SCALINGS
 from posenc_lab.lab.run.training import TrainConfig
 
+
+
+def check_registered(encodings=(), strategies=()) -> None:
+    """Raise a one-line :class:`~posenc_lab.errors.PosencError`, listing the valid names, unless every name in
+    ``encodings`` is a registered encoding and every one in ``strategies`` a registered RoPE scaling.
+
+    >>> check_registered(["rope", "alibi"], ["yarn"])
+    >>> check_registered(["rotary"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    posenc_lab.errors.PosencError: unknown encoding 'rotary'; valid encodings: ...
+    """
+    for name in encodings:
+        if name not in ENCODINGS:
+            raise unknown_name("encoding", name, ENCODINGS)
+    for name in strategies:
+        if name not in ROPE_SCALINGS:
+            raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
 
 @dataclass(frozen=True)
 class ModelSpec:

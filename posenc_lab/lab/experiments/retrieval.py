@@ -41,9 +41,9 @@ from tqdm import tqdm
 from posenc_lab.encodings import ENCODINGS, PRIMARY, strategies_of
 from posenc_lab.errors import PosencError, PositionOutOfRange, check_positive, unknown_name
 from posenc_lab.model import GPT, IGNORE
-from posenc_lab.rope import ARTICLE_STRATEGIES, ROPE_SCALINGS
+from posenc_lab.rope import ARTICLE_STRATEGIES
 from posenc_lab.lab.data.tasks import KEY_LEN, MULTIKEYS, TASKS, describe_task, make_windows
-from posenc_lab.lab.experiments.recipe import Composed, ModelSpec, TrainingSpec
+from posenc_lab.lab.experiments.recipe import Composed, ModelSpec, TrainingSpec, check_registered
 from posenc_lab.lab.measure.accuracy import markdown_table, wilson
 from posenc_lab.lab.run import distributed
 from posenc_lab.lab.run.schema import SCHEMA_VERSION
@@ -120,12 +120,7 @@ class RetrievalSpec(Composed):
             raise unknown_name("retrieval task", self.task, TASKS)
         for name in ("trials", "monitor_every", "monitor_trials", "eval_batch_size"):
             check_positive(name, getattr(self, name))
-        for name in self.encodings:
-            if name not in ENCODINGS:
-                raise unknown_name("encoding", name, ENCODINGS)
-        for name in self.strategies:
-            if name not in ROPE_SCALINGS:
-                raise unknown_name("RoPE scaling", name, ROPE_SCALINGS)
+        check_registered(self.encodings, self.strategies)
         if not self.multiples or min(self.multiples) < 1 or any(not isinstance(m, int) for m in self.multiples):
             raise PosencError(f"multiples of the training length must be integers >= 1, got {self.multiples}")
         if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):

@@ -15,7 +15,7 @@ require("lab", "posenc_lab.lab.measure.accuracy")
 import math
 
 from posenc_lab.errors import PosencError
-from posenc_lab.lab.data.tasks import KEY_LEN
+from posenc_lab.lab.run.schema import CONTENT_KEY_LEN
 
 def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval of a binomial proportion (95 % for ``z = 1.96``)."""
@@ -89,8 +89,8 @@ def by_distance(rows, edges=(0, 64, 128, 256, 512, 1024, 2048)):
     if "distance" not in df:  # runs of the content task made before the column existed: the same geometry
         if "task" in df and set(df["task"].dropna()) - {"content"}:
             raise PosencError("rows of the digits or multikey task without a distance column: re-run them")
-        last = df["eval_len"] - 2 * KEY_LEN
-        df["distance"] = df["eval_len"] - KEY_LEN - (df["depth"] * last).round().astype(int)
+        last = df["eval_len"] - 2 * CONTENT_KEY_LEN
+        df["distance"] = df["eval_len"] - CONTENT_KEY_LEN - (df["depth"] * last).round().astype(int)
     labels = [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])] + [f"{edges[-1]}+"]
     df["distance_bin"] = pd.cut(df["distance"], bins=[*edges, math.inf], right=False, labels=labels)
     pooled = df.groupby(["label", "distance_bin"], observed=True).agg(correct=("correct", "sum"),

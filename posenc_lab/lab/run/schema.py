@@ -29,6 +29,9 @@ from posenc_lab.errors import PosencError
 SCHEMA_VERSION = 3
 #: the columns a version-1 row carried that the current schema leaves out (the spec is in ``config.json``)
 DROPPED = ("config",)
+#: the key length in bytes of the content retrieval task, with which every retrieval row made before rows recorded
+#: their ``distance`` was made: such a row's distance follows from its window's length and depth
+CONTENT_KEY_LEN = 4
 
 
 def version(row: dict) -> int:
