@@ -12,14 +12,10 @@ from posenc_lab.backends import GRAD_BLOCK, KVCache, SinkCache
 from posenc_lab.encodings.contextual import contextual_positions, interpolate
 from posenc_lab.encodings.forgetting import decay_bias, forget_sums
 from posenc_lab.model import GPT, GPTConfig
+from helpers import qkv, same_with_and_without_cache
 
 B, H, D = 2, 4, 8
 BACKENDS = ["reference", "sdpa", "flex"]
-
-
-def qkv(n, seed=0, heads=H, batch=B):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, n, D, generator=g) for _ in range(3)]
 
 
 def perturbed(name, seed=5, **options):
@@ -259,7 +255,4 @@ def test_cached_generation_equals_recomputing_everything(name):
         for p in model.encoding.parameters():
             p.add_(0.5 * torch.randn(p.shape))
     prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(2))
-    cached, cached_logits = model.generate(prompt, 24, cache=True, return_logits=True)
-    full, full_logits = model.generate(prompt, 24, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    same_with_and_without_cache(model, prompt, 24)

@@ -9,6 +9,7 @@ import torch
 import posenc_lab as pl
 from posenc_lab import PosencError, rope
 from posenc_lab.model import GPT, GPTConfig
+from helpers import same_with_and_without_cache
 
 TRAIN_LEN = 16
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -39,10 +40,7 @@ def test_cached_generation_equals_recomputing_everything(encoding, options, devi
     """Past the training length too: 6 prompt tokens + 30 new ones, trained at 16."""
     m = model(encoding, **options).to(device)
     p = prompt().to(device)
-    cached, cached_logits = m.generate(p, 30, cache=True, return_logits=True)
-    full, full_logits = m.generate(p, 30, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    cached = same_with_and_without_cache(m, p, 30)
     assert cached.shape == (2, 36)
 
 

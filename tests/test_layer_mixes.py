@@ -13,6 +13,7 @@ from posenc_lab import PosencError, attention, make_encoding
 from posenc_lab.backends import KVCache, SinkCache
 from posenc_lab.encodings import PRIMARY, attn_temperature
 from posenc_lab.model import GPT, GPTConfig
+from helpers import same_with_and_without_cache
 
 B, H, D, L = 2, 2, 16, 32  # L / 4 = 8: the default window, chunk and floor_scale
 MIXES = ["gemma3", "irope", "rnope-swa", "nope-temp"]
@@ -218,10 +219,7 @@ def test_cached_generation_equals_recomputing_everything_for_each_mix(name):
     keeps every key and each layer masks by position, so a step sees exactly what a full pass sees."""
     model = _gpt(name)
     prompt = torch.randint(256, (2, 6), generator=torch.Generator().manual_seed(2))
-    cached, cached_logits = model.generate(prompt, 30, cache=True, return_logits=True)
-    full, full_logits = model.generate(prompt, 30, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    same_with_and_without_cache(model, prompt, 30)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

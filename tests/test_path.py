@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from posenc_lab import KVCache, PaTH, PosencError, SinkCache, attention, make_encoding
 from posenc_lab.encodings.householder import householder_vectors, path_logits, path_logits_blocked
 from posenc_lab.model import GPT, GPTConfig
+from helpers import same_with_and_without_cache
 
 B, H, N, D = 2, 3, 10, 4
 
@@ -250,18 +251,22 @@ def test_a_cache_fed_piece_by_piece_equals_one_pass(pieces):
     assert cache.householder[0].shape == (B, H, N, D)
 
 
-def test_the_model_generates_the_same_with_and_without_a_cache():
+def sharp_path_model() -> GPT:
+    """A two-layer PaTH model whose reflections are far from the identity: ``w`` scaled away from its small start
+    (its direction matters, not its length) and the gates' biases spread, so every position's transform differs."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="path", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
     with torch.no_grad():
         for layer in (model.encoding, *model.encoding.later):
             layer.gate_bias.normal_(0.0, 1.0)
-            layer.up.mul_(50.0)  # w away from its small start: the direction matters, not the length
+            layer.up.mul_(50.0)
+    return model
+
+
+def test_the_model_generates_the_same_with_and_without_a_cache():
+    model = sharp_path_model()
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached, cached_logits = model.generate(prompt, 20, cache=True, return_logits=True)
-    full, full_logits = model.generate(prompt, 20, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    same_with_and_without_cache(model, prompt, 20)
 
 
 def test_what_cannot_be_served_is_refused_in_one_sentence():
@@ -305,12 +310,7 @@ def test_the_diagnostics_recompute_each_layers_path_weights():
 
     from posenc_lab.lab.measure import diagnostics
 
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(encoding="path", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
-    with torch.no_grad():
-        for layer in (model.encoding, *model.encoding.later):
-            layer.up.mul_(50.0)
-            layer.gate_bias.normal_(0.0, 1.0)
+    model = sharp_path_model()
     idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(1))
     for i, (block, w, x) in enumerate(zip(model.blocks, diagnostics.attention_weights(model, idx),
                                           diagnostics._layer_inputs(model, idx))):
@@ -370,7 +370,4 @@ def test_path_fox_generates_the_same_with_and_without_a_cache():
             layer.b_f.normal_(0.0, 1.0)
     assert all(layer.has_decay for layer in (model.encoding, *model.encoding.later))
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached, cached_logits = model.generate(prompt, 20, cache=True, return_logits=True)
-    full, full_logits = model.generate(prompt, 20, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    same_with_and_without_cache(model, prompt, 20)

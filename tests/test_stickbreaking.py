@@ -10,6 +10,7 @@ import torch
 from posenc_lab import KVCache, PosencError, SinkCache, StickBreaking, attention, make_encoding
 from posenc_lab.encodings.stickbreaking import stick_breaking_weights
 from posenc_lab.model import GPT, GPTConfig
+from helpers import same_with_and_without_cache
 
 B, H, N, D = 2, 3, 12, 8
 
@@ -153,10 +154,7 @@ def test_the_model_generates_the_same_with_and_without_a_cache_and_is_causal():
     torch.manual_seed(0)
     model = GPT(GPTConfig(encoding="stick-breaking", n_layer=2, n_head=2, d_model=32, train_len=16)).eval()
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
-    cached, cached_logits = model.generate(prompt, 20, cache=True, return_logits=True)
-    full, full_logits = model.generate(prompt, 20, cache=False, return_logits=True)
-    assert torch.equal(cached, full)
-    torch.testing.assert_close(cached_logits, full_logits, rtol=1e-5, atol=1e-5)
+    same_with_and_without_cache(model, prompt, 20)
     assert sum(p.numel() for p in model.encoding.parameters()) == 0
 
 
