@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose corpus-stdlib311 results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-context-recent results-digits-recent benchmarks-cpu clean
+.PHONY: corpus-prose corpus-stdlib311 results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-past-softmax results-context-recent results-digits-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -125,6 +125,12 @@ results-variants: env
 results-recent: env
 	$(PY) -m posenc_lab run --preset recent-cpu --out runs/recent-cpu
 	$(call commit_run,recent-cpu,documents.csv)
+
+# stick-breaking, PaTH and DAPE on KERPLE under recent-cpu's recipe (about 4 h of training on 2 cores, and the
+# evaluation to 8,192): it resumes where it stopped
+results-past-softmax: env
+	$(PY) -m posenc_lab run --preset past-softmax-cpu --out runs/past-softmax-cpu
+	$(call commit_run,past-softmax-cpu,documents.csv)
 
 # the gain from context past 512 on recent-cpu's models (every seed's weights in runs/recent-cpu/models)
 results-context-recent: env

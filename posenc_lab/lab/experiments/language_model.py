@@ -273,6 +273,15 @@ PRESETS["recent-cpu"] = PRESETS["article-cpu"].override(
           "local/global layers with article-cpu's recipe and evaluation, three seeds each; many hours on 2 CPU cores: "
           "run it in the background, it resumes")
 
+# Three methods that move position past the softmax's fixed form, under the same recipe, data and evaluation: the
+# cheapest to train first (stick-breaking, then PaTH, then DAPE on KERPLE), so a run cut short has the most units.
+PRESETS["past-softmax-cpu"] = PRESETS["recent-cpu"].override(
+    preset="past-softmax-cpu", encodings=("stick-breaking", "path", "dape-kerple"),
+    notes="stick-breaking attention, PaTH and DAPE on KERPLE with article-cpu's recipe and evaluation, three seeds "
+          "each, compared with article-cpu's ALiBi and RoPE (with YaRN) on the same batches; many hours on 2 CPU "
+          "cores: run it in the background, it resumes")
+
+
 
 def preset(name: str, **overrides) -> Spec:
     """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``, each
