@@ -2,7 +2,8 @@
 
     python scripts/merge_seeds.py results/article-long-b4 runs/article-long-b4-seeds --seeds 3,4
 
-A seed is merged only when every encoding of the committed run finished it. The two runs must share the corpus
+A seed is merged only when every encoding of the committed run finished it, all on one kind of device (every unit
+on a GPU, or every unit on a CPU: book/analysis.md). The two runs must share the corpus
 (its SHA-256), the evaluation text (its SHA-256) and the recipe: the spec may differ only in its seeds and in how the
 arithmetic ran (``backend``, ``compile``), and those differences are recorded in the committed ``config.json`` under
 ``merged``, beside the seeds they apply to. Each row keeps its own ``device``.
@@ -44,6 +45,15 @@ def differences(base: dict, other: dict) -> dict:
     return found
 
 
+def device_kind(unit: Path) -> str:
+    """``"cpu"`` or ``"gpu"``: the kind of device every row of a unit record ran on (its rows record the device)."""
+    devices = {row.get("device", "") for row in json.loads(unit.read_text())["rows"]}
+    kinds = {"cpu" if d.startswith("cpu") else "gpu" for d in devices}
+    if len(kinds) != 1:
+        sys.exit(f"{unit} records {sorted(devices)} as its devices: not one kind")
+    return kinds.pop()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("committed", type=Path, help="the committed run folder (results/<run>)")
@@ -63,6 +73,10 @@ def main(argv=None) -> int:
             sys.exit(f"seed {seed} is not finished for {', '.join(missing)}: not merged")
         if seed in base["spec"]["seeds"]:
             sys.exit(f"seed {seed} is in the committed run already")
+        kinds = {e: device_kind(args.other / "units" / f"{e}-s{seed}.json") for e in encodings}
+        if len(set(kinds.values())) > 1:
+            sys.exit(f"seed {seed} ran on more than one kind of device "
+                     f"({', '.join(f'{e}: {k}' for e, k in kinds.items())}): not merged")
     for seed in seeds:
         for e in encodings:
             shutil.copy2(args.other / "units" / f"{e}-s{seed}.json", args.committed / "units" / f"{e}-s{seed}.json")
