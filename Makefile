@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 MATHJAX := _mathjax/mathjax/tex-chtml.js
 
-.PHONY: corpus-prose corpus-stdlib311 results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-past-softmax results-context-recent results-digits-recent benchmarks-cpu clean
+.PHONY: corpus-prose corpus-stdlib311 results-long-b4 results-long-b4-cpu results-prose test test-fast test-notebooks book notebooks mathjax env results-cpu results-amplitude results-article results-long results-retrieval results-tasks results-context results-context-long results-context-long-b4 results-context-prose results-context-variants results-variants results-recent results-past-softmax results-context-past-softmax results-digits-past-softmax results-context-recent results-digits-recent benchmarks-cpu clean
 
 env: $(VENV)/.installed
 
@@ -131,6 +131,14 @@ results-recent: env
 results-past-softmax: env
 	$(PY) -m posenc_lab run --preset past-softmax-cpu --out runs/past-softmax-cpu
 	$(call commit_run,past-softmax-cpu,documents.csv)
+
+# the gain from context past 512, and the digits task, for the same three methods (after results-past-softmax)
+results-context-past-softmax: env
+	$(call context_on,past-softmax-cpu,context-past-softmax)
+
+results-digits-past-softmax: env
+	$(PY) -m posenc_lab retrieval --preset retrieval-digits-past-softmax --out runs/retrieval-digits-past-softmax
+	$(call commit_run,retrieval-digits-past-softmax)
 
 # the gain from context past 512 on recent-cpu's models (every seed's weights in runs/recent-cpu/models)
 results-context-recent: env

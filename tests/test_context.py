@@ -279,13 +279,13 @@ def test_the_prose_context_presets_plant_no_python_passkey():
         assert cx.context_preset(name).passkey_multiples == ()
 
 
-@pytest.mark.parametrize("name", ["context-long", "context-variants", "context-recent"])
+@pytest.mark.parametrize("name", ["context-long", "context-variants", "context-recent", "context-past-softmax"])
 def test_the_context_presets_of_other_runs_measure_only_that_runs_encodings(name):
     from posenc_lab.lab.experiments import language_model as experiment
 
     spec = cx.context_preset(name)
     trained = experiment.preset({"context-long": "article-long", "context-variants": "variants-cpu",
-                                 "context-recent": "recent-cpu"}[name])
+                                 "context-recent": "recent-cpu", "context-past-softmax": "past-softmax-cpu"}[name])
     assert set(spec.encodings) == set(trained.encodings) and spec.run == trained.preset
     assert set(spec.strategies) <= set(trained.strategies) | {"pi", "ntk", "dynamic-ntk"}
 

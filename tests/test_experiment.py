@@ -563,3 +563,10 @@ def test_nan_loss_found_at_a_windowed_read_names_its_step_and_keeps_the_checkpoi
         train(model, stream, TrainConfig(steps=12, checkpoint_every=4, batch_size=2), checkpoint=ckpt,
               progress=False, sync_every=3)
     assert torch.load(ckpt, weights_only=False)["state"]["step"] == 4
+
+
+def test_the_past_softmax_methods_train_under_the_recent_methods_recipe():
+    """Their paired comparisons with article-cpu's baselines need the same model, batches and evaluation."""
+    past, recent = experiment.PRESETS["past-softmax-cpu"], experiment.PRESETS["recent-cpu"]
+    assert set(past.encodings) == {"stick-breaking", "path", "dape-kerple"}
+    assert replace(past, preset="recent-cpu", encodings=recent.encodings, notes=recent.notes) == recent

@@ -436,3 +436,9 @@ def test_encoding_options_reach_the_trained_model_and_the_loaded_one(tmp_path):
     digits = retrieval.retrieval_preset("retrieval-digits-recent")
     mix = GPT(digits.model_config("gemma3")).encoding
     assert [mix.for_layer(i, 2).window for i in range(2)] == [digits.model.train_len // 4, None]
+
+
+def test_the_past_softmax_digits_run_is_the_digits_run_with_other_encodings():
+    past, base = (retrieval.retrieval_preset(n) for n in ("retrieval-digits-past-softmax", "retrieval-digits-cpu"))
+    assert set(past.encodings) == {"stick-breaking", "path", "dape-kerple"}
+    assert dataclasses.replace(past, preset=base.preset, encodings=base.encodings, notes=base.notes) == base

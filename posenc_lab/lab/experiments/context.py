@@ -123,6 +123,11 @@ CONTEXT_PRESETS: dict[str, ContextSpec] = {
                                              "rnope-swa"), strategies=("none",), passkey_multiples=(), sink_encodings=(),
                                   notes="the gain from context past 512 bytes on the recent-cpu models (the methods "
                                         "of 2024-26), every seed, no retraining; no passkey and no streams"),
+    "context-past-softmax": ContextSpec(preset="context-past-softmax", run="past-softmax-cpu",
+                                        encodings=("stick-breaking", "path", "dape-kerple"), strategies=("none",),
+                                        passkey_multiples=(), sink_encodings=(),
+                                        notes="context-recent's measurement on the past-softmax-cpu models "
+                                              "(stick-breaking, PaTH, DAPE on KERPLE), every seed, no retraining"),
 }
 
 

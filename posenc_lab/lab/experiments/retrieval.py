@@ -184,6 +184,11 @@ RETRIEVAL_PRESETS: dict[str, RetrievalSpec] = {
                                                    "SSMax on RoPE and Gemma 3's local/global layers, three seeds; "
                                                    "the recipe's 2 layers hold one mix only, a local layer (window "
                                                    "L/4) and then a global one"),
+    "retrieval-digits-past-softmax": RetrievalSpec(preset="retrieval-digits-past-softmax", task="digits",
+                                                   encodings=("stick-breaking", "path", "dape-kerple"), seeds=(0, 1, 2),
+                                                   training=replace(TRAINING, steps=4000), trials=100,
+                                                   notes="retrieval-digits-cpu's task, recipe and judgement for "
+                                                         "stick-breaking, PaTH and DAPE on KERPLE, three seeds"),
     "retrieval-multikey-cpu": RetrievalSpec(preset="retrieval-multikey-cpu", task="multikey",
                                             encodings=("rope", "alibi", "nope", "sinusoidal", "t5"), seeds=(0, 1, 2),
                                             model=replace(MODEL, tie_embeddings=False),
