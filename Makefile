@@ -132,7 +132,8 @@ results-past-softmax: env
 	$(PY) -m posenc_lab run --preset past-softmax-cpu --out runs/past-softmax-cpu
 	$(call commit_run,past-softmax-cpu,documents.csv)
 
-# the gain from context past 512, and the digits task, for the same three methods (after results-past-softmax)
+# the gain from context past 512 (after results-past-softmax: it reads that run's models), and the digits task,
+# for the same three methods
 results-context-past-softmax: env
 	$(call context_on,past-softmax-cpu,context-past-softmax)
 

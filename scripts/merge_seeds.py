@@ -2,8 +2,9 @@
 
     python scripts/merge_seeds.py results/article-long-b4 runs/article-long-b4-seeds --seeds 3,4
 
-A seed is merged only when every encoding of the committed run finished it, all on one kind of device (every unit
-on a GPU, or every unit on a CPU: book/analysis.md). The two runs must share the corpus
+A seed is merged only when every encoding of the committed run finished it on the kind of device the committed
+run's seeds trained on (a GPU, or a CPU: book/analysis.md); a row's ``device`` names the device, not the precision
+it trained in. The two runs must share the corpus
 (its SHA-256), the evaluation text (its SHA-256) and the recipe: the spec may differ only in its seeds and in how the
 arithmetic ran (``backend``, ``compile``), and those differences are recorded in the committed ``config.json`` under
 ``merged``, beside the seeds they apply to. Each row keeps its own ``device``.
@@ -45,13 +46,20 @@ def differences(base: dict, other: dict) -> dict:
     return found
 
 
-def device_kind(unit: Path) -> str:
-    """``"cpu"`` or ``"gpu"``: the kind of device every row of a unit record ran on (its rows record the device)."""
-    devices = {row.get("device", "") for row in json.loads(unit.read_text())["rows"]}
+def kind_of(devices: set, where) -> str:
+    """``"cpu"`` or ``"gpu"``: the one kind of device the rows of ``where`` name (a row's ``device`` is ``cpu (...)``
+    on a CPU and the card's name on a GPU); exit where a row names none or the rows name two kinds."""
+    if not devices or any(not d for d in devices):
+        sys.exit(f"{where}: a row does not name its device")
     kinds = {"cpu" if d.startswith("cpu") else "gpu" for d in devices}
     if len(kinds) != 1:
-        sys.exit(f"{unit} records {sorted(devices)} as its devices: not one kind")
+        sys.exit(f"{where} records {sorted(devices)} as its devices: not one kind")
     return kinds.pop()
+
+
+def device_kind(unit: Path) -> str:
+    """The kind of device (:func:`kind_of`) every row of a unit record ran on."""
+    return kind_of({row.get("device") for row in json.loads(unit.read_text())["rows"]}, unit)
 
 
 def main(argv=None) -> int:
@@ -67,6 +75,7 @@ def main(argv=None) -> int:
             sys.exit(f"the runs differ in their {key}: {base[key]} against {other[key]}")
     how = differences(base["spec"], other["spec"])
     encodings = base["spec"]["encodings"]
+    committed_kind = kind_of({row.get("device") for row in collect_rows(args.committed)}, args.committed)
     for seed in seeds:
         missing = [e for e in encodings if not (args.other / "units" / f"{e}-s{seed}.json").exists()]
         if missing:
@@ -77,6 +86,9 @@ def main(argv=None) -> int:
         if len(set(kinds.values())) > 1:
             sys.exit(f"seed {seed} ran on more than one kind of device "
                      f"({', '.join(f'{e}: {k}' for e, k in kinds.items())}): not merged")
+        if set(kinds.values()) != {committed_kind}:
+            sys.exit(f"seed {seed} ran on a {kinds[encodings[0]]}, the committed run's seeds on a {committed_kind}: "
+                     "not merged")
     for seed in seeds:
         for e in encodings:
             shutil.copy2(args.other / "units" / f"{e}-s{seed}.json", args.committed / "units" / f"{e}-s{seed}.json")

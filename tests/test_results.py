@@ -90,3 +90,29 @@ def test_run_readme_is_the_committed_results(run):
     rows, _, _ = results.load(run)
     assert report.headline(rows) in held
     assert held == readme.run_readme(run), f"results/{run}/README.md differs: run python -m posenc_lab.lab.readme"
+
+
+@pytest.mark.parametrize("name", [n for n in results.RUNS if not n.startswith("context-")])
+def test_a_runs_model_shape_is_its_specs_model_part(name):
+    """:func:`results.model_shape` reads the model part alone, as every kind of spec holds it."""
+    config = results.load_config_only(name)[2]
+    assert results.model_shape(config) == spec_of(config).model
+
+
+def test_a_context_run_has_no_model_shape_or_spec_of_its_own():
+    config = results.load_config_only("context-cpu")[2]
+    with pytest.raises(PosencError, match="context run"):
+        results.model_shape(config)
+    with pytest.raises(PosencError, match="context run"):
+        spec_of(config)
+
+
+def test_the_lab_modules_examples_run():
+    """The examples in the docstrings of the experiments' shared parts and of the run kinds."""
+    import doctest
+
+    from posenc_lab.lab.experiments import families, recipe
+
+    for module in (recipe, families):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__

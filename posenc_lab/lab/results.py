@@ -232,7 +232,10 @@ def model_shape(config: dict):
     :func:`~posenc_lab.lab.experiments.families.spec_of`."""
     from posenc_lab.lab.experiments.recipe import ModelSpec
 
-    return ModelSpec(**migrate_config(config)["spec"]["model"])
+    spec = migrate_config(config).get("spec", {})
+    if "trained" in config or "model" not in spec:  # a context run measures another run's models
+        raise PosencError("this config.json records no model of its own: is it a context run? Read the run it names")
+    return ModelSpec(**spec["model"])
 
 
 def load_config_only(name: str) -> tuple[None, None, dict]:

@@ -282,7 +282,6 @@ PRESETS["past-softmax-cpu"] = PRESETS["recent-cpu"].override(
           "cores: run it in the background, it resumes")
 
 
-
 def preset(name: str, **overrides) -> Spec:
     """The spec of preset ``name`` (a key of :data:`PRESETS`), with the ``overrides`` that are not ``None``, each
     by its flat name (``steps``, ``eval_lengths``, ...: :meth:`~posenc_lab.lab.experiments.recipe.Composed.override`)."""

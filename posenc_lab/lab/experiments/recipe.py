@@ -23,7 +23,6 @@ from posenc_lab.rope import ROPE_SCALINGS
 from posenc_lab.lab.run.training import TrainConfig
 
 
-
 def check_registered(encodings=(), strategies=()) -> None:
     """Raise a one-line :class:`~posenc_lab.errors.PosencError`, listing the valid names, unless every name in
     ``encodings`` is a registered encoding and every one in ``strategies`` a registered RoPE scaling.
