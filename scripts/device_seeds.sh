@@ -8,7 +8,8 @@
 # (.corpus/stdlib311/lib.tar.gz, made here from the running 3.11.7) and the prose corpus as `make corpus-prose` left it;
 # name `.corpus` in the call's carry. Both runs go side by side, seed-major, each unit in its own process (--jobs).
 # Every PACK_EVERY seconds, and once more at the end, the finished units, configs and logs are packed into
-# $OUT/units.tar.gz, so a call cut short still brings back every finished unit. At DEADLINE seconds the runs are
+# $OUT/units.tar.gz, so a call cut short still brings back every finished unit. The units committed in
+# runs-in-progress/<preset>-seeds are copied in first and not trained again. At DEADLINE seconds the runs are
 # stopped; their unfinished units are lost with the machine, the finished ones are not.
 set -u
 OUT=${OUT:-/tmp/device-out}
@@ -35,6 +36,10 @@ EOF
 
 pids=()
 for preset in $PRESETS; do
+  # the units an earlier call (or session) finished and committed: carried on, not trained again
+  if [ -d "runs-in-progress/$preset-seeds" ] && [ ! -d "runs/$preset-seeds" ]; then
+    cp -r "runs-in-progress/$preset-seeds" "runs/$preset-seeds"
+  fi
   case $preset in
     prose*) corpus=prose:.corpus/prose ;;
     *) corpus=stdlib:$stdlib@3.11.7 ;;
