@@ -316,3 +316,32 @@ def test_fope_series_is_saved_with_the_model():
 def test_fope_bad_options_are_one_line_errors(options, match):
     with pytest.raises(PosencError, match=match):
         fope(**options)
+
+
+def test_the_power_the_declared_analysis_plans_for_the_methods_past_the_softmax():
+    """book/analysis.md plans the past-softmax runs with the power three seeds had in recent-cpu: the median over its
+    methods of the smallest ratio a paired t-test resolves with 80 % power, recomputed here with statsmodels."""
+    import numpy as np
+    from statsmodels.stats.power import TTestPower
+
+    from posenc_lab.lab import results
+    from posenc_lab.lab.verdicts.statistics import frame, label
+
+    recent, _, config = results.load("recent-cpu")
+    df = frame(recent + [r for r in results.rows("article-cpu") if label(r) in ("alibi", "rope/yarn")])
+    effect = TTestPower().solve_power(nobs=3, alpha=0.05, power=0.8)
+    loss = df.set_index(["label", "eval_mode", "eval_len", "seed"])["loss"]
+
+    def median_ratio(base, mode, length):
+        sds = [(loss[(m, mode, length)] - loss[(base, mode, length)]).std(ddof=1) for m in config["spec"]["encodings"]]
+        return float(np.exp(effect * np.median(sds)))
+
+    alibi = [median_ratio("alibi", mode, n) for mode in ("nonoverlapping", "sliding") for n in (512, 1024, 2048)]
+    alibi.append(median_ratio("alibi", "nonoverlapping", 8192))
+    assert 1.055 <= min(alibi) and max(alibi) < 1.085  # "about 1.06 to 1.08"
+    assert round(median_ratio("rope/yarn", "sliding", 512), 2) == 1.02
+    assert round(median_ratio("rope/yarn", "nonoverlapping", 8192), 1) == 1.3
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "book" / "analysis.md").read_text().split())
+    assert "a ratio of about 1.06 to 1.08 against ALiBi" in text and "1.02 at 512 and 1.3 at 8,192" in text
