@@ -223,6 +223,10 @@ benchmarks-cpu: env
 	  --json results/benchmarks/cpu-train-past-softmax.json
 	$(PY) benchmarks/step.py --json results/benchmarks/cpu-step.json
 	$(PY) benchmarks/long_eval.py --lengths 1024,2048,4096,8192 --reps 3 --rounds 2 --json results/benchmarks/cpu-long-eval.json
+	$(PY) benchmarks/long_eval.py --device cpu --encodings nope,rope,alibi,ssmax-rope,irope,gemma3,rnope-swa,fope,fox,cope \
+	  --lengths 4096 --reps 3 --rounds 1 --no-progress --json results/benchmarks/cpu-long-eval-recent.json
+	$(PY) benchmarks/long_eval.py --device cpu --encodings nope,kerple,stick-breaking,path,dape-kerple \
+	  --lengths 4096,8192 --reps 2 --rounds 1 --no-progress --json results/benchmarks/cpu-long-eval-past-softmax.json
 	$(PY) benchmarks/levers.py --json results/benchmarks/cpu-levers.json
 	$(PY) benchmarks/generate.py --json results/benchmarks/cpu-generate.json
 	$(PY) -m pip install -q -e ".[peer]"
