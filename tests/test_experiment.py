@@ -135,7 +135,7 @@ def test_out_of_gpu_memory_is_a_clear_error(tiny_model, monkeypatch):
 
 
 def test_spec_rejects_bad_input():
-    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, article-shape, ci, colab, cpu, past-softmax-cpu, paper, prose-long, prose-long-b4, recent-cpu, variants-cpu"):
+    with pytest.raises(PosencError, match="valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, article-shape, ci, colab, cpu, paper, past-softmax-cpu, prose-long, prose-long-b4, recent-cpu, variants-cpu"):
         experiment.preset("huge")
     with pytest.raises(PosencError, match="positive"):
         experiment.preset("ci", train_len=0)
@@ -289,7 +289,7 @@ def test_resume_after_kill_9_gives_identical_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, article-shape, ci, colab, cpu, past-softmax-cpu, paper, prose-long, prose-long-b4, recent-cpu, variants-cpu"),
+    (["run", "--preset", "huge", "--out", "x"], "unknown preset 'huge'; valid presets: amplitude-cpu, article-cpu, article-long, article-long-b4, article-shape, ci, colab, cpu, paper, past-softmax-cpu, prose-long, prose-long-b4, recent-cpu, variants-cpu"),
     (["run", "--preset", "ci", "--corpus", "/no/such/corpus", "--out", "x"], "corpus path '/no/such/corpus' does not exist"),
     (["run", "--preset", "ci", "--eval-lengths", "64,0", "--out", "x"], "evaluation length must be a positive number"),
     (["run", "--preset", "ci", "--stride", "0", "--out", "x"], "stride must be a positive number"),
