@@ -81,7 +81,11 @@ def test_step_benchmark_smoke(tmp_path):
     limit = result["limit"]
     assert limit["limit_gflops"] > 0 and limit["square_1024_gflops"] > 0
     rows = {r["encoding"]: r for r in result["rows"]}
-    assert rows["nope"]["vs_nope"] == 1.0 and 0 < rows["alibi"]["mfu"] < 1
+    assert rows["nope"]["vs_nope"] == 1.0 and rows["alibi"]["mfu"] > 0
+    # the utilisation is the model's FLOPs per second over the limit measured in the same run (a smoke run's limit,
+    # one measurement at tiny shapes on shared cores, can come out low, so no bound of 1 is asserted here)
+    for r in rows.values():
+        assert r["mfu"] == pytest.approx(r["model_gflop_per_step"] / (r["ms_per_step"] / 1e3) / limit["limit_gflops"])
     # the model's FLOPs (causal half) are below what the counter sees (the attention square in full)
     assert rows["nope"]["model_gflop_per_step"] < rows["nope"]["counted_gflop_per_step"]
     shares = result["profiles"]["alibi"]
