@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from posenc_lab.errors import PosencError
-from posenc_lab.lab.run.schema import migrate, migrate_config, migrate_unit, read_config, trained_as
+from posenc_lab.lab.run.schema import is_context_run, migrate, migrate_config, migrate_unit, read_config, trained_as
 
 #: the file that marks a folder of committed results
 MARKER = "POSENC_RESULTS.md"
@@ -217,8 +217,9 @@ def _build(config: dict, weights: bytes, encoding: str, options: dict):
 
     from posenc_lab.model import GPT
 
+    config = migrate_config(config)
     cfg = model_shape(config).config(trained_as(encoding, config))
-    recorded = migrate_config(config)["spec"].get("encoding_options", {})
+    recorded = config["spec"].get("encoding_options", {})
     cfg.encoding_options = {**recorded.get(encoding, {}), **options}
     net = GPT(cfg)
     state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
@@ -233,7 +234,7 @@ def model_shape(config: dict):
     from posenc_lab.lab.experiments.recipe import ModelSpec
 
     spec = migrate_config(config).get("spec", {})
-    if "trained" in config or "model" not in spec:  # a context run measures another run's models
+    if is_context_run(config) or "model" not in spec:  # a context run measures another run's models
         raise PosencError("this config.json records no model of its own: is it a context run? Read the run it names")
     return ModelSpec(**spec["model"])
 

@@ -38,6 +38,7 @@ from posenc_lab.lab.measure.far_context import NGRAM, THRESHOLD, gain, gain_tabl
 from posenc_lab.lab.measure.passkey import PasskeyText, passkey_scores, passkey_table, passkey_windows
 from posenc_lab.lab.measure.perplexity import evaluate
 from posenc_lab.lab.measure.streaming import streaming_losses
+from posenc_lab.lab.run.schema import is_context_run
 
 
 # --------------------------------------------------------------------------------------------- the runner
@@ -155,7 +156,7 @@ def _load_run(spec: ContextSpec):
     from posenc_lab.lab.run import schema
 
     def checked(config):
-        if "corpus" not in config or "trained" in config:  # a retrieval run has no corpus, a context run "trained"
+        if "corpus" not in config or is_context_run(config):  # a retrieval run has no corpus, a context run "trained"
             raise PosencError(f"{spec.run!r} is not a language-model run (python -m posenc_lab run): it has no "
                               "trained models to measure")
         return config

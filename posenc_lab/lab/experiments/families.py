@@ -10,7 +10,7 @@ from __future__ import annotations
 from posenc_lab.errors import PosencError
 from posenc_lab.lab.experiments.language_model import Spec
 from posenc_lab.lab.experiments.retrieval import RetrievalSpec
-from posenc_lab.lab.run.schema import migrate_config
+from posenc_lab.lab.run.schema import is_context_run, migrate_config
 
 
 def spec_of(config: dict) -> Spec | RetrievalSpec:
@@ -22,7 +22,7 @@ def spec_of(config: dict) -> Spec | RetrievalSpec:
     >>> spec_of({"schema": 3, "spec": PRESETS["ci"].to_dict()}) == PRESETS["ci"]
     True
     """
-    if "trained" in config:
+    if is_context_run(config):
         raise PosencError("a context run's config.json records the run it measures, not a spec of its own")
     kind = RetrievalSpec if "task" in config else Spec
     return kind.from_dict(migrate_config(config)["spec"])

@@ -96,6 +96,16 @@ def config_version(config: dict) -> int:
     return value
 
 
+def is_context_run(config: dict) -> bool:
+    """Whether a ``config.json`` is a context run's: it records the language-model spec it measured under
+    ``trained`` and has no model of its own.
+
+    >>> is_context_run({"spec": {}, "trained": {}}), is_context_run({"spec": {}})
+    (True, False)
+    """
+    return "trained" in config
+
+
 def migrate_config(config: dict) -> dict:
     """A run's ``config.json`` of any known schema version in the current shape.
 
@@ -111,7 +121,7 @@ def migrate_config(config: dict) -> dict:
         raise PosencError(f"a config.json has schema version {v}, newer than this posenc_lab's {SCHEMA_VERSION}: "
                           "upgrade posenc_lab to read it")
     parts = ("model", "training") if "task" in config else tuple(PARTS)  # a retrieval run describes its task
-    nested = ("trained", "extending") if "trained" in config else ("spec", "extending")
+    nested = ("trained", "extending") if is_context_run(config) else ("spec", "extending")
     return {"schema": SCHEMA_VERSION, **{key: _compose(value, parts) if key in nested and isinstance(value, dict)
                                           else value for key, value in config.items()}}
 
