@@ -319,3 +319,30 @@ def test_query_rows_taken_a_few_at_a_time_give_the_same_attention(kernel, monkey
     with torch.no_grad():
         got = attention(q, k, v, enc, backend="sdpa")
     torch.testing.assert_close(got.double(), dape_attention(q, k, v, enc), rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("pattern", ["causal", "reach", "chunk", "padding", "both ways", "blind rows"])
+def test_one_key_maps_run_unmasked_give_every_entry_of_the_masked_network(pattern):
+    """DAPE's maps of one key run over every pair unmasked, the unseen pairs then set to the outer bias: every entry,
+    the unseen ones included, equals the network over features zeroed on the unseen keys before and after LeakyReLU."""
+    from posenc_lab.backends.tokens import _hidden
+    from posenc_lab.encodings.adaptive import LEAKY_SLOPE, conv_keys, dape_pairwise
+
+    enc = perturbed("dape-alibi" if pattern == "both ways" else "dape-kerple")
+    g = torch.Generator().manual_seed(3)
+    scores, base = torch.randn(B, H, 20, 20, generator=g), torch.randn(H, 20, 20, generator=g)
+    pos, keep = torch.arange(20), torch.ones(B, 20, dtype=torch.bool)
+    keep[0, :7], keep[1, 15:] = False, False
+    hidden = _hidden(pos, pos, 20, 20, pattern != "both ways", 5 if pattern == "reach" else None, 0, "cpu",
+                     6 if pattern == "chunk" else None, keep if pattern == "padding" else None)
+    if pattern == "blind rows":
+        hidden = hidden.clone()
+        hidden[:8] = True
+    with torch.no_grad():
+        features = torch.cat([scores, base.expand(scores.shape)], dim=1).masked_fill(hidden, 0.0)
+        middle = F.leaky_relu(conv_keys(features, enc.inner), LEAKY_SLOPE).masked_fill(hidden, 0.0)
+        want = conv_keys(middle, enc.outer)
+        got = dape_pairwise(scores, base, hidden, enc.inner, enc.outer)
+    assert got.shape == want.shape == (B, H, 20, 20)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
