@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from posenc_lab.lab import readme
+
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR, ALPHA = np.log(1.01), 0.05
 
@@ -17,19 +19,19 @@ def lv(df, mode, name, n):
     return c.sort_index()
 
 
-def test_the_newer_methods_against_their_baselines_agree_with_scipy():
-    """Chapter 13's table and the README's line: each method of ``recent-cpu`` against ALiBi and RoPE with YaRN of
-    ``article-cpu`` (the same batches, seed by seed), recomputed with scipy's paired t-test on the log scale and
+@pytest.mark.parametrize("ch", list(readme.METHOD_BLOCKS.values()))
+def test_the_newer_methods_against_their_baselines_agree_with_scipy(ch):
+    """A methods chapter's table and the README's line (chapter 13's: each method of ``recent-cpu``): each method
+    against ALiBi and RoPE with YaRN of its base run (``article-cpu``: the same batches, seed by seed), recomputed with scipy's paired t-test on the log scale and
     scipy's Benjamini-Hochberg over the whole table, with the symmetric 1 % floor."""
-    from posenc_lab.lab import readme
     from posenc_lab.lab.verdicts import in_words
 
     frames = []
-    for run in (readme.RECENT, readme.RECENT_BASE):
+    for run in (ch.run, ch.base):
         df = pd.read_csv(ROOT / "results" / run / "results.csv")
         frames.append(df.assign(label=np.where(df.strategy == "-", df.encoding, df.encoding + "/" + df.strategy)))
     df = pd.concat(frames)
-    rows, methods = readme.recent_rows()
+    rows, methods = readme.methods_rows(ch)
     mine = []
     for b in in_words.BASELINES:
         for a in methods:

@@ -188,20 +188,21 @@ def test_far_block_numbers_recomputed_from_the_gain_rows():
         assert part.index("times its own with") < part.index("times the window's")
 
 
-def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat():
+@pytest.mark.parametrize("block, ch", list(readme.METHOD_BLOCKS.items()))
+def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat(block, ch):
     """Where the far bytes help a method whose far bytes, limited to the reach, score worse on every seed and length
     than its whole windows at the training length, the README line says so, with those numbers recomputed here."""
     import math
 
     from posenc_lab.lab.measure.far_context import far_context_family
 
-    line = readme.recent_far_line()
-    family = far_context_family(readme.recent_far_rows())
+    line = readme.methods_far_line(ch)
+    family = far_context_family(readme.methods_far_rows(ch))
     helped = set(family[(family["question"] == "uses the far context") & (family["verdict"] == "holds")
                         & (family["survives"] != "none")]["label"])
     assert helped, "the committed runs have a method the far bytes help"
-    gain = [r for r in results.read_json(readme.RECENT_FAR, "gain.json") if r["status"] == "ok"]
-    train = [r for r in readme.rows_of(readme.RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == 512]
+    gain = [r for r in results.read_json(ch.far, "gain.json") if r["status"] == "ok"]
+    train = [r for r in readme.rows_of(ch.run) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == 512]
     for method in helped:
         ours = [r for r in gain if r["encoding"] == method]
         limited = [math.exp(r["far_loss_reach"]) for r in ours]
@@ -220,11 +221,12 @@ def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat():
     assert line.index("Helped by the far bytes") < line.index("repairs") < line.index("Hurt by them")
 
 
-def test_recent_digits_line_names_exactly_the_family_outcomes():
+@pytest.mark.parametrize("block, ch", list(readme.METHOD_BLOCKS.items()))
+def test_recent_digits_line_names_exactly_the_family_outcomes(block, ch):
     """Each method the digits line puts under 'higher' or 'lower' against ALiBi and against YaRN carries that outcome
     in chapter 13's family at exactly the lengths named, and every counted difference of the family is named."""
-    line = readme.recent_digits_line()
-    rows, methods = readme.recent_digits_rows()
+    line = readme.methods_digits_line(ch)
+    rows, methods = readme.methods_digits_rows(ch)
     learned, not_learned = findings.learned_methods(rows, methods)
     family = findings.retrieval_against_baselines(rows, learned)
     assert "not learned: " + (", ".join(findings.NAMES.get(m, m) for m in not_learned) or "none") in line
@@ -240,7 +242,8 @@ def test_recent_digits_line_names_exactly_the_family_outcomes():
             assert {(n.strip(), k) for n, k in named} == expected, (baseline, outcome)
 
 
-def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
+@pytest.mark.parametrize("block, ch", list(readme.METHOD_BLOCKS.items()))
+def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table(block, ch):
     """The recent block's quality at 512 (each method over RoPE's and ALiBi's perplexity there) and growth (each
     model's perplexity at every longer length over its own at 512), recomputed with pandas from the committed rows:
     the seeds' geometric mean in non-overlapping windows. Every name with numbers in the two lines is checked, and
@@ -250,9 +253,9 @@ def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
     import pandas as pd
 
     names = {**findings.NAMES, "rope/none": "RoPE"}
-    new = results.rows(readme.RECENT)
+    new = results.rows(ch.run)
     methods = sorted({r["encoding"] for r in new})
-    base = [r for r in results.rows(readme.RECENT_BASE) if (r["encoding"], r["strategy"]) in
+    base = [r for r in results.rows(ch.base) if (r["encoding"], r["strategy"]) in
             {("alibi", "-"), ("rope", "none"), ("rope", "yarn"), ("nope", "-")}]
     df = pd.DataFrame(new + base)
     df = df[(df["eval_mode"] == "nonoverlapping") & (df["status"] == "ok")]
@@ -262,7 +265,7 @@ def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
                                 aggfunc=lambda x: np.log(x).mean()))
     rope, alibi = ppl.loc["rope/none", 512], ppl.loc["alibi", 512]
 
-    block = readme.generated_blocks(README.read_text(encoding="utf-8"))["recent"]
+    block = readme.generated_blocks(README.read_text(encoding="utf-8"))[block]
     quality = block.split("- Quality at the training length")[1].split("\n")[0]
     growth = block.split("- Growth past the training length")[1].split("\n")[0]
 
@@ -276,8 +279,8 @@ def test_recent_quality_and_growth_numbers_recomputed_from_the_results_table():
                 for m in methods if m != best}
     assert said == expected
     assert f"ALiBi is already {alibi / rope:.2f} times RoPE at 512" in quality
-    assert f"NoPE, the base of SSMax and Llama 4's temperature, {ppl.loc['nope', 512] / rope:.2f} times" in quality
-    config = results.load(readme.RECENT)[2]["spec"]
+    assert f"NoPE, {ch.nope_is}, {ppl.loc['nope', 512] / rope:.2f} times" in quality
+    config = results.load(ch.run)[2]["spec"]
     tokens = config["training"]["steps"] * config["training"]["batch_size"] * config["model"]["train_len"]
     assert (f"({config['model']['n_layer']} layers, {config['training']['steps']} steps on {tokens / 1e6:.1f} M "
             "bytes)") in quality

@@ -21,6 +21,7 @@ import math
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -271,38 +272,63 @@ def _seed_range(seeds: list[int]) -> str:
     return "seeds " + _listed([str(x) for x in seeds])
 
 
-#: the methods of 2024-26 (chapter 13) and the run whose baselines they were trained beside, on the same batches
-RECENT, RECENT_BASE = "recent-cpu", "article-cpu"
+@dataclass(frozen=True)
+class MethodsChapter:
+    """A chapter that trains newer methods with ``base``'s recipe and reads them against its baselines: the
+    language-model run ``run`` (perplexity to :data:`METHODS_LEN`), its far-context run ``far`` beside ``far_base``'s
+    baselines, and its digits run ``digits`` beside ``digits_base``'s; ``nope_is`` says what NoPE is to its methods
+    where the README gives NoPE's ratio at the training length."""
+
+    number: int
+    what: str
+    run: str
+    base: str
+    far: str
+    far_base: str
+    digits: str
+    digits_base: str
+    nope_is: str
+
+
+#: the number words the README uses for a chapter's count of methods
+_COUNT = dict(enumerate(("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                         "twelve")))
+#: chapter 13, the methods of 2024-26
+RECENT = MethodsChapter(13, "methods of 2024–26", "recent-cpu", "article-cpu", "context-recent", "context-cpu",
+                        "retrieval-digits-recent", "retrieval-digits-cpu",
+                        "the base of SSMax and Llama 4's temperature")
+#: the README's block of each methods chapter, by block name
+METHOD_BLOCKS = {"recent": RECENT}
 #: the length at which the README reads them: the longest evaluated, sixteen times the training length
-RECENT_LEN = 8192
-#: the encodings of :data:`RECENT_BASE` the README reads the newer methods against: the baselines, plain RoPE (the
-#: scale at the training length), and NoPE (the base of SSMax and Llama 4's temperature)
-RECENT_SCALE = ("alibi", "rope/none", "rope/yarn", "nope")
+METHODS_LEN = 8192
+#: the encodings of a chapter's ``base`` the README reads the newer methods against: the baselines, plain RoPE (the
+#: scale at the training length), and NoPE (the base of several newer methods)
+METHODS_SCALE = ("alibi", "rope/none", "rope/yarn", "nope")
 #: the growth bands of the README: the first band whose top holds a method's largest growth at any length names it,
-#: with the band's lowest and highest growth to :data:`RECENT_LEN` in percent (``lo``, ``hi``) or as factors
+#: with the band's lowest and highest growth to :data:`METHODS_LEN` in percent (``lo``, ``hi``) or as factors
 GROWTH_BANDS = ((1.01, "At most 1 % at any length"), (1.10, "{lo:.0f} to {hi:.0f} % by {n:,}"),
                 (1.50, "{lo:.0f} to {hi:.0f} % by {n:,}"), (math.inf, "{lo:.2f} to {hi:.2f} times by {n:,}"))
 
 
-def recent_rows() -> tuple[list[dict], list[str]]:
-    """The rows of :data:`RECENT` and of the baselines (:data:`~posenc_lab.lab.verdicts.in_words.BASELINES`) in
-    :data:`RECENT_BASE`, and the newer methods' labels in the run's order."""
+def methods_rows(ch: MethodsChapter) -> tuple[list[dict], list[str]]:
+    """The rows of ``ch.run`` and of the baselines (:data:`~posenc_lab.lab.verdicts.in_words.BASELINES`) in
+    ``ch.base``, and the newer methods' labels in the run's order."""
     from posenc_lab.lab.verdicts.statistics import label
 
-    methods = list(_spec(RECENT).encodings)
-    base = [r for r in rows_of(RECENT_BASE) if label(r) in in_words.BASELINES]
-    return rows_of(RECENT) + base, methods
+    methods = list(_spec(ch.run).encodings)
+    base = [r for r in rows_of(ch.base) if label(r) in in_words.BASELINES]
+    return rows_of(ch.run) + base, methods
 
 
 @lru_cache(maxsize=None)
-def recent_perplexity():
+def methods_perplexity(ch: MethodsChapter):
     """Perplexity per byte by label (rows) and evaluation length (columns) of the newer methods and of
-    :data:`RECENT_SCALE`: the seeds' geometric mean, non-overlapping windows (chapter 13's tables)."""
+    :data:`METHODS_SCALE`: the seeds' geometric mean, non-overlapping windows (the chapter's tables)."""
     import numpy as np
 
     from posenc_lab.lab.verdicts.statistics import label
 
-    rows = rows_of(RECENT) + [r for r in rows_of(RECENT_BASE) if label(r) in RECENT_SCALE]
+    rows = rows_of(ch.run) + [r for r in rows_of(ch.base) if label(r) in METHODS_SCALE]
     df = frame([r for r in rows if r["eval_mode"] == "nonoverlapping" and r["status"] == "ok"])
     return np.exp(np.log(df["perplexity"]).groupby([df["label"], df["eval_len"]]).mean().unstack())
 
@@ -311,11 +337,11 @@ def _ratios(values, digits: int = 2) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
-def recent_quality_line() -> str:
+def methods_quality_line(ch: MethodsChapter) -> str:
     """Quality at the training length: each newer method's perplexity there over plain RoPE's and over ALiBi's
     (lowest first), then the recipe that ranking belongs to, with ALiBi and NoPE against RoPE at that length."""
-    ppl = recent_perplexity()
-    spec = _spec(RECENT)
+    ppl = methods_perplexity(ch)
+    spec = _spec(ch.run)
     n = spec.model.train_len
     at = ppl[n][list(spec.encodings)].sort_values()
     rope, alibi = ppl.loc["rope/none", n], ppl.loc["alibi", n]
@@ -324,25 +350,25 @@ def recent_quality_line() -> str:
     return (f"Quality at the training length: at {n} bytes {in_words.NAMES.get(best, best)} has the lowest "
             f"perplexity, {at[best] / rope:.2f} of RoPE's and {at[best] / alibi:.2f} of ALiBi's. The others, over "
             f"RoPE's/ALiBi's: {named}. That ranking is one small recipe's ({spec.model.n_layer} layers, "
-            f"{spec.training.steps:,} steps on {_tokens(RECENT)}). In it ALiBi is already {alibi / rope:.2f} times "
-            f"RoPE at {n}, and NoPE, the base of SSMax and Llama 4's temperature, {ppl.loc['nope', n] / rope:.2f} "
+            f"{spec.training.steps:,} steps on {_tokens(ch.run)}). In it ALiBi is already {alibi / rope:.2f} times "
+            f"RoPE at {n}, and NoPE, {ch.nope_is}, {ppl.loc['nope', n] / rope:.2f} "
             f"times. So a place at {n} says how much a method learned in {spec.training.steps:,} steps, not where "
             "it would end.")
 
 
-def recent_growth():
+def methods_growth(ch: MethodsChapter):
     """Growth: each newer method's and each baseline's (and plain RoPE's) perplexity at every evaluated length past
-    the training length over its own at the training length, least growth to :data:`RECENT_LEN` first."""
-    ppl = recent_perplexity()
-    n = _spec(RECENT).model.train_len
-    labels = list(_spec(RECENT).encodings) + ["alibi", "rope/none", "rope/yarn"]
-    return ppl.loc[labels].div(ppl.loc[labels, n], axis=0).drop(columns=n).sort_values(RECENT_LEN)
+    the training length over its own at the training length, least growth to :data:`METHODS_LEN` first."""
+    ppl = methods_perplexity(ch)
+    n = _spec(ch.run).model.train_len
+    labels = list(_spec(ch.run).encodings) + ["alibi", "rope/none", "rope/yarn"]
+    return ppl.loc[labels].div(ppl.loc[labels, n], axis=0).drop(columns=n).sort_values(METHODS_LEN)
 
 
-def recent_growth_line() -> str:
+def methods_growth_line(ch: MethodsChapter) -> str:
     """Growth past the training length in :data:`GROWTH_BANDS`, each model with its growth to every length."""
-    growth = recent_growth()
-    n = _spec(RECENT).model.train_len
+    growth = methods_growth(ch)
+    n = _spec(ch.run).model.train_len
     lengths = "/".join(f"{x:,}" for x in growth.columns)
     sentences = [f"Growth past the training length, each model's perplexity at {lengths} over its own at {n}."]
     band = [next(i for i, (top, _) in enumerate(GROWTH_BANDS) if g.max() <= top) for _, g in growth.iterrows()]
@@ -350,76 +376,72 @@ def recent_growth_line() -> str:
         these = growth[[b == i for b in band]]
         if these.empty:
             continue
-        far = these[RECENT_LEN]
+        far = these[METHODS_LEN]
         lo, hi = (100 * (far.min() - 1), 100 * (far.max() - 1)) if "%" in words else (far.min(), far.max())
         named = _listed([f"{in_words.NAMES.get(m, m)} {_ratios(g)}" for m, g in these.iterrows()])
-        sentences.append(f"{words.format(lo=lo, hi=hi, n=RECENT_LEN)}: {named}.")
+        sentences.append(f"{words.format(lo=lo, hi=hi, n=METHODS_LEN)}: {named}.")
     return " ".join(sentences)
 
 
-def recent_tests_line(table) -> str:
-    """The tested ratios at :data:`RECENT_LEN` (``table``: :func:`~posenc_lab.lab.verdicts.in_words.against_baselines`), after
+def methods_tests_line(ch: MethodsChapter, table) -> str:
+    """The tested ratios at :data:`METHODS_LEN` (``table``: :func:`~posenc_lab.lab.verdicts.in_words.against_baselines`), after
     what makes them: a ratio there is the ratio at the training length times the ratio of the two growths. Whether
     any method grows less than ALiBi at some length (only such a method can gain on ALiBi past the training length),
-    and, for each method lower than RoPE with YaRN at :data:`RECENT_LEN`, whether most of that gap (on the log
+    and, for each method lower than RoPE with YaRN at :data:`METHODS_LEN`, whether most of that gap (on the log
     scale) is YaRN's growth rather than the lead at the training length."""
     import numpy as np
 
-    growth = recent_growth()
-    methods = list(_spec(RECENT).encodings)
-    n = _spec(RECENT).model.train_len
+    growth = methods_growth(ch)
+    methods = list(_spec(ch.run).encodings)
+    n = _spec(ch.run).model.train_len
     less = [m for m in methods if (growth.loc[m] < growth.loc["alibi"]).any()]
     alibi = (f"{_names(less)} {'grows' if len(less) == 1 else 'grow'} less than ALiBi at some length, so only "
              f"{'it' if len(less) == 1 else 'they'} can gain on it past {n}." if less else
              f"No method grows less than ALiBi at any length, so none gains on it past {n}: a lead over ALiBi at "
-             f"{RECENT_LEN:,} is at most the lead at {n}.")
-    lower = table[(table["b"] == "rope/yarn") & (table["eval_len"] == RECENT_LEN) & (table["outcome"] == "lower")
+             f"{METHODS_LEN:,} is at most the lead at {n}.")
+    lower = table[(table["b"] == "rope/yarn") & (table["eval_len"] == METHODS_LEN) & (table["outcome"] == "lower")
                   & (table["mode"] == "nonoverlapping")]["a"]
-    share = {m: np.log(growth.loc[m, RECENT_LEN] / growth.loc["rope/yarn", RECENT_LEN])
-             / np.log(recent_perplexity().loc[m, RECENT_LEN] / recent_perplexity().loc["rope/yarn", RECENT_LEN])
+    share = {m: np.log(growth.loc[m, METHODS_LEN] / growth.loc["rope/yarn", METHODS_LEN])
+             / np.log(methods_perplexity(ch).loc[m, METHODS_LEN] / methods_perplexity(ch).loc["rope/yarn", METHODS_LEN])
              for m in lower}
     mostly = [m for m in methods if share.get(m, 0) > 0.5]
-    yarn_growth = f"RoPE with YaRN grows {growth.loc['rope/yarn', RECENT_LEN]:.2f} times by {RECENT_LEN:,}"
+    yarn_growth = f"RoPE with YaRN grows {growth.loc['rope/yarn', METHODS_LEN]:.2f} times by {METHODS_LEN:,}"
     if mostly and len(mostly) == len(share):
         yarn = f"{yarn_growth}: for each method lower than it there, most of the gap is that growth."
     elif mostly:
         yarn = f"{yarn_growth}: for {_names(mostly)}, most of the gap to it there is that growth."
     else:
         yarn = f"{yarn_growth}, yet no gap to it there is mostly that growth."
-    return (f"The tests, at {RECENT_LEN:,}, read both at once: a ratio there is the ratio at {n} times the ratio of "
+    return (f"The tests, at {METHODS_LEN:,}, read both at once: a ratio there is the ratio at {n} times the ratio of "
             f"the two growths. {alibi} {yarn} "
-            + " ".join(in_words.against_in_words(table, b, RECENT_LEN) for b in in_words.BASELINES)
+            + " ".join(in_words.against_in_words(table, b, METHODS_LEN) for b in in_words.BASELINES)
             + " A perplexity difference counts when it is at least 1 % and a paired t-test over the seeds resolves "
               "it, at a 5 % false discovery rate over the chapter's table.")
 
 
 @lru_cache(maxsize=None)
-def recent_block() -> str:
-    """The methods of 2024-26 (chapter 13): quality at the training length and growth past it read apart, then the
-    tested ratios to ALiBi and RoPE with YaRN at :data:`RECENT_LEN` in non-overlapping windows
-    (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of chapter 13's table), the far bytes and the digits
-    task."""
-    rows, methods = recent_rows()
+def methods_block(ch: MethodsChapter) -> str:
+    """A methods chapter's block (chapter 13's methods of 2024-26 for ``recent``): quality at the training length
+    and growth past it read apart, then the tested ratios to ALiBi and RoPE with YaRN at :data:`METHODS_LEN` in
+    non-overlapping windows (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of the
+    chapter's table), the far bytes and the digits task."""
+    rows, methods = methods_rows(ch)
     table = in_words.against_baselines(rows, methods)
-    seeds = len(_spec(RECENT).seeds)
-    lines = [f"Chapter 13 trains nine methods of 2024–26 with `{RECENT_BASE}`'s recipe ({_corpus(RECENT)}, {seeds} "
-             f"seeds, `{RECENT}`). It reads quality at the training length and growth past it apart (non-overlapping "
-             "windows, the seeds' geometric mean):"]
-    lines += [f"- {recent_quality_line()}", f"- {recent_growth_line()}", f"- {recent_tests_line(table)}"]
-    lines.append(f"- {recent_far_line()}")
-    lines.append(f"- {recent_digits_line()}")
+    seeds = len(_spec(ch.run).seeds)
+    lines = [f"Chapter {ch.number} trains {_COUNT[len(methods)]} {ch.what} with `{ch.base}`'s recipe "
+             f"({_corpus(ch.run)}, {seeds} seeds, `{ch.run}`). It reads quality at the training length and growth "
+             "past it apart (non-overlapping windows, the seeds' geometric mean):"]
+    lines += [f"- {methods_quality_line(ch)}", f"- {methods_growth_line(ch)}", f"- {methods_tests_line(ch, table)}"]
+    lines.append(f"- {methods_far_line(ch)}")
+    lines.append(f"- {methods_digits_line(ch)}")
     return "\n".join(lines)
 
 
-#: the far-context run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
-RECENT_FAR, RECENT_FAR_BASE = "context-recent", "context-cpu"
-
-
-def recent_far_rows() -> list[dict]:
-    """:data:`RECENT_FAR`'s gain rows with :data:`RECENT_FAR_BASE`'s ALiBi, RoPE and RoPE with YaRN: the same bytes,
-    and models paired by seed (trained on the same batches); the family chapter 13 reads."""
+def methods_far_rows(ch: MethodsChapter) -> list[dict]:
+    """``ch.far``'s gain rows with ``ch.far_base``'s ALiBi, RoPE and RoPE with YaRN: the same bytes,
+    and models paired by seed (trained on the same batches); the family the chapter reads."""
     base = {("alibi", "-"), ("rope", "none"), ("rope", "yarn")}
-    return results.read_json(RECENT_FAR, "gain.json") + [r for r in results.read_json(RECENT_FAR_BASE, "gain.json")
+    return results.read_json(ch.far, "gain.json") + [r for r in results.read_json(ch.far_base, "gain.json")
                                                          if (r["encoding"], r["strategy"]) in base]
 
 
@@ -428,14 +450,14 @@ def _lengths(lengths) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def recent_far_line() -> str:
+def methods_far_line(ch: MethodsChapter) -> str:
     """The newer methods on the bytes past the training length (:func:`~posenc_lab.lab.measure.far_context.far_context_family` over
-    :func:`recent_far_rows`, one family): those better than RoPE limited to its window, those the far bytes help and
+    :func:`methods_far_rows`, one family): those better than RoPE limited to its window, those the far bytes help and
     those they hurt, each with the lengths where the verdict survives Benjamini-Hochberg."""
     from posenc_lab.lab.measure.far_context import far_context_family
 
-    family = far_context_family(recent_far_rows())
-    methods = results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]
+    family = far_context_family(methods_far_rows(ch))
+    methods = results.read_json(ch.far, "config.json")["spec"]["encodings"]
     kept = family[family["label"].isin(methods) & (family["survives"] != "none")]
 
     def named(question: str, verdict: str) -> str:
@@ -444,27 +466,27 @@ def recent_far_line() -> str:
                  for m in methods if (rows["label"] == m).any()]
         return "; ".join(found) or "none"
 
-    reach = results.read_json(RECENT_FAR, "gain.json")[0]["reach"]
+    reach = results.read_json(ch.far, "gain.json")[0]["reach"]
     helped = kept[(kept["question"] == "uses the far context") & (kept["verdict"] == "holds")]
-    return (f"On the bytes past {reach} alone (`{RECENT_FAR}`, chapter 9's measure), better than RoPE limited to "
+    return (f"On the bytes past {reach} alone (`{ch.far}`, chapter 9's measure), better than RoPE limited to "
             f"{reach} keys: {named('beats the window', 'holds')}. Helped by the far bytes: "
-            f"{named('uses the far context', 'holds')}.{recent_repair_caveat(set(helped['label']))} Hurt by them: "
+            f"{named('uses the far context', 'holds')}.{methods_repair_caveat(ch, set(helped['label']))} Hurt by them: "
             f"{named('uses the far context', 'fails')}.")
 
 
-def recent_repair_caveat(helped) -> str:
+def methods_repair_caveat(ch: MethodsChapter, helped) -> str:
     """The caveat chapter 13 puts on a method the far bytes help: where that method's far bytes, limited to the last
     ``reach`` keys, score a higher perplexity on every seed and length than its whole windows at the training length
-    (:data:`RECENT`, non-overlapping windows, the seeds' geometric mean), its limited form is broken, and part of the
+    (``ch.run``, non-overlapping windows, the seeds' geometric mean), its limited form is broken, and part of the
     help repairs it. Each such method is said with the seeds' geometric mean of its limited far-byte perplexity, the
     lowest and the highest over the lengths, against that at the training length. Empty when no helped method is
     such."""
     import numpy as np
 
-    rows = [r for r in results.read_json(RECENT_FAR, "gain.json") if r["status"] == "ok"]
-    train = [r for r in rows_of(RECENT) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == r["train_len"]]
+    rows = [r for r in results.read_json(ch.far, "gain.json") if r["status"] == "ok"]
+    train = [r for r in rows_of(ch.run) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == r["train_len"]]
     parts = []
-    for method in results.read_json(RECENT_FAR, "config.json")["spec"]["encodings"]:
+    for method in results.read_json(ch.far, "config.json")["spec"]["encodings"]:
         if method not in helped:
             continue
         ours = [r for r in rows if r["encoding"] == method]
@@ -482,26 +504,22 @@ def recent_repair_caveat(helped) -> str:
             f"length. The seeds' geometric means, lowest to highest over the lengths: {'; '.join(parts)}.")
 
 
-#: the digits run of the methods of 2024-26, and the run whose ALiBi, RoPE and YaRN chapter 13 reads beside it
-RECENT_DIGITS, RECENT_DIGITS_BASE = "retrieval-digits-recent", "retrieval-digits-cpu"
-
-
-def recent_digits_rows() -> tuple[list[dict], list[str]]:
-    """The rows of :data:`RECENT_DIGITS` and of the baselines in :data:`RECENT_DIGITS_BASE` (the same task, recipe,
+def methods_digits_rows(ch: MethodsChapter) -> tuple[list[dict], list[str]]:
+    """The rows of ``ch.digits`` and of the baselines in ``ch.digits_base`` (the same task, recipe,
     seeds and windows), and the newer methods in the run's order."""
     from posenc_lab.lab.verdicts.statistics import label
 
-    base = [r for r in rows_of(RECENT_DIGITS_BASE) if label(r) in in_words.BASELINES]
-    return rows_of(RECENT_DIGITS) + base, list(_spec(RECENT_DIGITS).encodings)
+    base = [r for r in rows_of(ch.digits_base) if label(r) in in_words.BASELINES]
+    return rows_of(ch.digits) + base, list(_spec(ch.digits).encodings)
 
 
-def recent_digits_line() -> str:
+def methods_digits_line(ch: MethodsChapter) -> str:
     """The newer methods on chapter 9's digits task: which did not learn it, and where each that did copies more or
     fewer digit strings than ALiBi and than RoPE with YaRN (:func:`~posenc_lab.lab.verdicts.in_words.retrieval_against_baselines`,
-    the family chapter 13 reads), each with the lengths where the difference counts. Exact match is an accuracy, so
+    the family the chapter reads), each with the lengths where the difference counts. Exact match is an accuracy, so
     more is better: the line says "more accurate" and "less accurate", never "higher" or "lower", which the lines on
     perplexity before it use the other way round."""
-    rows, methods = recent_digits_rows()
+    rows, methods = methods_digits_rows(ch)
     learned, not_learned = in_words.learned_methods(rows, methods)
     family = in_words.retrieval_against_baselines(rows, learned)
 
@@ -515,8 +533,8 @@ def recent_digits_line() -> str:
         return (f"Against {name}, more accurate: {named(baseline, 'higher')}; less accurate: "
                 f"{named(baseline, 'lower')}.")
 
-    train_len = _spec(RECENT_DIGITS).model.train_len
-    return (f"On chapter 9's digits task (`{RECENT_DIGITS}`: five digits copied in order, trained at {train_len} "
+    train_len = _spec(ch.digits).model.train_len
+    return (f"On chapter 9's digits task (`{ch.digits}`: five digits copied in order, trained at {train_len} "
             f"bytes, judged at 1x to 8x), not learned: {_names(not_learned) if not_learned else 'none'}. "
             f"Exact match is the share of strings copied right, so higher is better. {against('alibi', 'ALiBi')} "
             f"{against('rope/yarn', 'RoPE with YaRN')} A difference in exact match counts when every seed's exact "
@@ -558,7 +576,7 @@ def cpu_block() -> str:
 def blocks(base: str = "") -> dict[str, str]:
     """Every generated block by name; ``base`` goes before the links to committed results."""
     return {"run": run_block(), "answer": answer_block(), "findings": findings_block(), "prose": prose_block(base), "far": far_block(),
-            "recent": recent_block(), "cpu": cpu_block()}
+            **{name: methods_block(ch) for name, ch in METHOD_BLOCKS.items()}, "cpu": cpu_block()}
 
 
 def generated_blocks(text: str) -> dict[str, str]:
