@@ -135,17 +135,22 @@ def path_logits_blocked(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta:
         khat = torch.where(rearrange(local == t, "i -> i 1"), k, _apply(khat, w[:, :, :, t], beta[:, :, :, t]))
         R = _apply(R, w[:, :, :, t], beta[:, :, :, t])
 
-    # the pairs of blocks c' > c: query block c' walked back across the blocks between, one block a step
-    pairs = [own]  # pairs[m]: query blocks m .. c-1 against key blocks 0 .. c-1-m (b h c i j)
+    # the pairs of blocks c' > c: query block c' walked back across the blocks between, one block a step. out holds
+    # query block, row, key block, column; the pairs of blocks `distance` apart are its diagonal at -distance
+    # (query block = key block + distance), written at once; the key blocks after a query block stay zero.
+    out = q.new_zeros(b, h, c, block, c, block)
+
+    def blocks_apart(distance: int) -> torch.Tensor:  # b h i j c: a view of out
+        return torch.diagonal(out, offset=-distance, dim1=2, dim2=4)
+
+    blocks_apart(0).copy_(rearrange(own, "b h c i j -> b h i j c"))
     v = qhat[:, :, 1:]  # query blocks 1 .. c-1, next to the key block before them
     for distance in range(1, c):
-        pairs.append(einsum(v, khat[:, :, :c - distance], "b h c i d, b h c j d -> b h c i j"))
+        pairs = einsum(v, khat[:, :, :c - distance], "b h c i d, b h c j d -> b h c i j")
+        blocks_apart(distance).copy_(rearrange(pairs, "b h c i j -> b h i j c"))
         if distance < c - 1:  # query blocks distance+1 .. c-1 cross key blocks 1 .. c-distance-1
             v = einsum(R[:, :, 1:c - distance], v[:, :, 1:], "b h c e f, b h c i f -> b h c i e")
-    later = q.new_zeros(b, h, block, block * (c - 1))  # the key blocks after a query block
-    rows = [torch.cat([pairs[p - r][:, :, r] for r in range(p + 1)] + [later[..., :block * (c - 1 - p)]], dim=-1)
-            for p in range(c)]  # query block p: key blocks 0 .. p, then zeros
-    return torch.cat(rows, dim=-2)[:, :, :n, :n]
+    return rearrange(out, "b h c i e j -> b h (c i) (e j)")[:, :, :n, :n]
 
 
 class PaTHLayer(Encoding):
