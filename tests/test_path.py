@@ -371,3 +371,22 @@ def test_path_fox_generates_the_same_with_and_without_a_cache():
     assert all(layer.has_decay for layer in (model.encoding, *model.encoding.later))
     prompt = torch.randint(0, 256, (2, 5), generator=torch.Generator().manual_seed(1))
     same_with_and_without_cache(model, prompt, 20)
+
+
+def test_the_block_matrix_is_the_same_with_and_without_gradients():
+    """The blocked logits assemble their block pairs one way under autograd and another without it: the same
+    numbers, the later key blocks zero, and the blocked form equals the walk either way."""
+    from posenc_lab.encodings.householder import path_logits, path_logits_blocked
+
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64), torch.randn(2, 3, 37, 8, generator=g,
+                                                                                     dtype=torch.float64)
+    w = torch.nn.functional.normalize(torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(2, 3, 37, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        quiet = path_logits_blocked(q, k, w, beta, block=4)
+    traced = path_logits_blocked(q.requires_grad_(), k, w, beta, block=4)
+    assert traced.requires_grad
+    torch.testing.assert_close(quiet, traced.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(quiet, path_logits(q.detach(), k, w, beta), rtol=1e-12, atol=1e-12)
+    assert (quiet.triu(1) == 0).all()

@@ -135,22 +135,31 @@ def path_logits_blocked(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta:
         khat = torch.where(rearrange(local == t, "i -> i 1"), k, _apply(khat, w[:, :, :, t], beta[:, :, :, t]))
         R = _apply(R, w[:, :, :, t], beta[:, :, :, t])
 
-    # the pairs of blocks c' > c: query block c' walked back across the blocks between, one block a step. out holds
-    # query block, row, key block, column; the pairs of blocks `distance` apart are its diagonal at -distance
-    # (query block = key block + distance), written at once; the key blocks after a query block stay zero.
-    out = q.new_zeros(b, h, c, block, c, block)
-
-    def blocks_apart(distance: int) -> torch.Tensor:  # b h i j c: a view of out
-        return torch.diagonal(out, offset=-distance, dim1=2, dim2=4)
-
-    blocks_apart(0).copy_(rearrange(own, "b h c i j -> b h i j c"))
+    # the pairs of blocks c' > c: query block c' walked back across the blocks between, one block a step
+    pairs = [own]  # pairs[m]: query blocks m .. c-1 against key blocks 0 .. c-1-m (b h c i j)
     v = qhat[:, :, 1:]  # query blocks 1 .. c-1, next to the key block before them
     for distance in range(1, c):
-        pairs = einsum(v, khat[:, :, :c - distance], "b h c i d, b h c j d -> b h c i j")
-        blocks_apart(distance).copy_(rearrange(pairs, "b h c i j -> b h i j c"))
+        pairs.append(einsum(v, khat[:, :, :c - distance], "b h c i d, b h c j d -> b h c i j"))
         if distance < c - 1:  # query blocks distance+1 .. c-1 cross key blocks 1 .. c-distance-1
             v = einsum(R[:, :, 1:c - distance], v[:, :, 1:], "b h c e f, b h c i f -> b h c i e")
-    return rearrange(out, "b h c i e j -> b h (c i) (e j)")[:, :, :n, :n]
+    return _block_matrix(pairs)[:, :, :n, :n]
+
+
+def _block_matrix(pairs: list[torch.Tensor]) -> torch.Tensor:
+    """The ``b h n n`` logits from the pairs of blocks, ``pairs[m]`` (``b h (c - m) i j``) those of query block
+    ``m + r`` against key block ``r``; zero where the key block is after the query block. Without gradients, each
+    distance is written into a diagonal of the block matrix at once. With them, the block rows are concatenated
+    (an in-place write per distance would make autograd copy the whole gradient once for each)."""
+    b, h, c, block, _ = pairs[0].shape
+    if not torch.is_grad_enabled():
+        out = pairs[0].new_zeros(b, h, c, block, c, block)  # query block, row, key block, column
+        for distance, part in enumerate(pairs):  # query block = key block + distance: the diagonal at -distance
+            torch.diagonal(out, offset=-distance, dim1=2, dim2=4).copy_(rearrange(part, "b h c i j -> b h i j c"))
+        return rearrange(out, "b h c i e j -> b h (c i) (e j)")
+    later = pairs[0].new_zeros(b, h, block, block * (c - 1))  # the key blocks after a query block
+    rows = [torch.cat([pairs[p - r][:, :, r] for r in range(p + 1)] + [later[..., :block * (c - 1 - p)]], dim=-1)
+            for p in range(c)]  # query block p: key blocks 0 .. p, then zeros
+    return torch.cat(rows, dim=-2)
 
 
 class PaTHLayer(Encoding):
