@@ -321,11 +321,11 @@ def test_query_rows_taken_a_few_at_a_time_give_the_same_attention(kernel, monkey
     torch.testing.assert_close(got.double(), dape_attention(q, k, v, enc), rtol=1e-5, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("pattern", ["causal", "reach", "chunk", "padding", "both ways", "blind rows"])
 def test_one_key_maps_run_unmasked_give_every_entry_of_the_masked_network(pattern):
     """DAPE's maps of one key run over every pair unmasked, the unseen pairs then set to the outer bias: every entry,
-    the unseen ones included, equals the network over features zeroed on the unseen keys before and after LeakyReLU."""
+    the unseen ones included, equals the network over features zeroed on the unseen keys before and after LeakyReLU,
+    and so do the gradients of a loss on the seen pairs (inputs and every weight), in float64."""
     from posenc_lab.backends.tokens import _hidden
     from posenc_lab.encodings.adaptive import LEAKY_SLOPE, conv_keys, dape_pairwise
 
@@ -339,10 +339,25 @@ def test_one_key_maps_run_unmasked_give_every_entry_of_the_masked_network(patter
     if pattern == "blind rows":
         hidden = hidden.clone()
         hidden[:8] = True
-    with torch.no_grad():
+    enc = enc.double()
+    scores, base = scores.double().requires_grad_(), base.double().requires_grad_()
+    weight = torch.randn(B, H, 20, 20, generator=g, dtype=torch.float64).masked_fill(hidden, 0.0)  # seen pairs only
+
+    def run(form):
+        enc.zero_grad()
+        scores.grad = base.grad = None
+        out = form()
+        (out * weight).sum().backward()
+        return out.detach(), [t.grad.clone() for t in (scores, base, *enc.inner.parameters(), *enc.outer.parameters())]
+
+    def masked():
         features = torch.cat([scores, base.expand(scores.shape)], dim=1).masked_fill(hidden, 0.0)
         middle = F.leaky_relu(conv_keys(features, enc.inner), LEAKY_SLOPE).masked_fill(hidden, 0.0)
-        want = conv_keys(middle, enc.outer)
-        got = dape_pairwise(scores, base, hidden, enc.inner, enc.outer)
+        return conv_keys(middle, enc.outer)
+
+    want, want_grads = run(masked)
+    got, got_grads = run(lambda: dape_pairwise(scores, base, hidden, enc.inner, enc.outer))
     assert got.shape == want.shape == (B, H, 20, 20)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got_grads, want_grads):  # the gradients of what the seen pairs feed: the same
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

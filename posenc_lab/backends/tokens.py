@@ -85,7 +85,8 @@ def logits(q, k, householder=None, *, walk=False):
     (:func:`~posenc_lab.encodings.householder.path_logits`)."""
     if householder is None:
         return einsum(q, k, "b h i d, b h j d -> b h i j") / math.sqrt(q.shape[-1])
-    scaled = q / math.sqrt(q.shape[-1])  # the logits are linear in q: scaling it spares a pass over n x n numbers
+    # the logits are linear in q: the scale goes on q (in the walk's float32 at least), not on the n x n logits
+    scaled = q.to(torch.promote_types(q.dtype, torch.float32)) / math.sqrt(q.shape[-1])
     path = path_logits(scaled, k, *householder) if walk else path_logits_blocked(scaled, k, *householder)
     return path.to(q.dtype)
 

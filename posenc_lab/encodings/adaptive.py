@@ -55,8 +55,8 @@ def dape_term(scores: torch.Tensor, base: torch.Tensor, hidden: torch.Tensor, in
     """DAPE's ``f(S, B)`` (``b h i j``) from the logits ``scores`` (``b h i j``), the base bias ``base`` (``h i j`` or
     ``b h i j``) and ``hidden`` (``i j`` or ``b 1 i j``, True where query ``i`` does not see key ``j``): the ``2H``
     features of every pair, zero on the unseen keys, through ``inner`` (``2H -> D``), LeakyReLU, zero on the unseen
-    keys again, and ``outer`` (``D -> H``). With kernels of one key (DAPE itself) :func:`dape_pairwise` gives the
-    same numbers faster."""
+    keys again, and ``outer`` (``D -> H``). With kernels of one key (DAPE itself) it hands the work to
+    :func:`dape_pairwise`, which gives the same numbers faster."""
     if inner.kernel_size[-1] == 1 and outer.kernel_size[-1] == 1:
         return dape_pairwise(scores, base, hidden, inner, outer)
     features = torch.cat([scores, base.expand(scores.shape)], dim=1).masked_fill(hidden, 0.0)  # b 2h i j
@@ -69,7 +69,8 @@ def dape_pairwise(scores: torch.Tensor, base: torch.Tensor, hidden: torch.Tensor
     """:func:`dape_term` for maps of one key each (``1 x 1`` convolutions): a pair's ``f`` reads that pair alone, so
     zeroing the unseen keys' features changes only the unseen pairs, whose ``f`` is then the outer map's bias. The
     network runs over every pair unmasked and the unseen pairs are set to that bias afterwards: two passes over the
-    ``b D i j`` activations fewer."""
+    ``b D i j`` activations fewer. The unseen pairs' logits and base bias must be finite (they are: keys are
+    projections of tokens, and every base bias is finite at every pair), since they now pass through the network."""
     features = torch.cat([scores, base.expand(scores.shape)], dim=1)  # b 2h i j
     f = conv_keys(F.leaky_relu(conv_keys(features, inner), LEAKY_SLOPE, inplace=True), outer)  # b h i j
     return torch.where(hidden, outer.bias.to(f.dtype)[:, None, None], f)

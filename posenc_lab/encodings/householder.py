@@ -146,12 +146,13 @@ def path_logits_blocked(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta:
 
 
 def _block_matrix(pairs: list[torch.Tensor]) -> torch.Tensor:
-    """The ``b h n n`` logits from the pairs of blocks, ``pairs[m]`` (``b h (c - m) i j``) those of query block
-    ``m + r`` against key block ``r``; zero where the key block is after the query block. Without gradients, each
-    distance is written into a diagonal of the block matrix at once. With them, the block rows are concatenated
-    (an in-place write per distance would make autograd copy the whole gradient once for each)."""
+    """The logits of the padded sequence (``b h (c block) (c block)``) from the pairs of blocks, ``pairs[m]``
+    (``b h (c - m) block block``) those of query block ``m + r`` against key block ``r``; zero where the key block is
+    after the query block. Where no gradient is recorded, each distance is written into a diagonal of the block
+    matrix at once. Where one is, the block rows are concatenated (an in-place write per distance would make
+    autograd copy the whole gradient once for each)."""
     b, h, c, block, _ = pairs[0].shape
-    if not torch.is_grad_enabled():
+    if not (torch.is_grad_enabled() and any(part.requires_grad for part in pairs)):
         out = pairs[0].new_zeros(b, h, c, block, c, block)  # query block, row, key block, column
         for distance, part in enumerate(pairs):  # query block = key block + distance: the diagonal at -distance
             torch.diagonal(out, offset=-distance, dim1=2, dim2=4).copy_(rearrange(part, "b h c i j -> b h i j c"))
