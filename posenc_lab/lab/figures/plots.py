@@ -441,3 +441,31 @@ def verdict_figure(rows, ax=None, *, judged_len: int = 2048, floor: float = 1.01
                 Line2D([], [], color="0.85", lw=6, label="under 1 %: decides nothing")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax
+
+
+def far_ratios(ratios, ax=None, *, names: dict | None = None, order_len: int | None = None):
+    """Each seed's far-byte ratio (``far_context.ratio_frame``: perplexity with full attention over the same model's
+    with the last ``reach`` keys), a column of dots per model coloured by evaluation length, on a log axis with a line
+    at 1. Models are ordered by their mean ratio at ``order_len`` (default the longest length) and printed by
+    ``names``. Returns the ``Axes``."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax = ax or plt.gca()
+    names = names or {}
+    order_len = order_len or int(ratios["eval_len"].max())
+    order = ratios[ratios.eval_len == order_len].groupby("label")["ratio"].mean().sort_values().index
+    sns.stripplot(data=ratios, x="label", y="ratio", hue="eval_len", order=order, dodge=True, palette="viridis",
+                  size=6, jitter=0.1, ax=ax)
+    ax.axhline(1, color="grey", lw=1)
+    ax.set_yscale("log")
+    ticks = [0.7, 1, 1.5, 2, 3]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_yticklabels([f"{t:g}" for t in ticks])
+    ax.set(xlabel="", ylabel=f"far-byte perplexity,\nfull / last {int(ratios['reach'].iloc[0])} keys")
+    ax.set_xticks(range(len(order)), [names.get(x, x).replace(" + ", " +\n") for x in order], rotation=30,
+                  ha="right")
+    ax.legend(title="evaluation length (bytes)", fontsize=8)
+    return ax

@@ -139,6 +139,18 @@ def gain_table(rows) -> "pandas.DataFrame":
     return table
 
 
+def ratio_frame(rows) -> "pandas.DataFrame":
+    """The finished rows of a context run's table with their ``label`` and ``ratio``: the far bytes' perplexity
+    with full attention over the same model's with the last ``reach`` keys, ``exp(-gain)`` (below 1: the far bytes
+    help)."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df = df[df["status"] == "ok"]
+    return df.assign(label=label_column, ratio=np.exp(-df["gain"]))
+
+
 
 def _per_seed(df, label, length, column):
     mine = df[(df["label"] == label) & (df["eval_len"] == length)]

@@ -273,3 +273,34 @@ def headline(rows, *, judged_len: int = 2048) -> str:
                      f"{row[('decided', judged_len)]} |")
     return "\n\n".join([markdown_table(rows, "sliding", labels=labels),
                         markdown_table(rows, "nonoverlapping", labels=labels), "\n".join(lines)])
+
+
+def geometric_means(grown: pd.DataFrame) -> pd.DataFrame:
+    """The seeds' geometric means of a results frame that carries each row's growth (``plots.growth_frame``):
+    indexed by ``eval_mode``, ``label`` and ``eval_len``, with ``ppl`` (perplexity) and ``own`` (growth, each
+    model's perplexity over its own at the training length). The methods chapters read quality at the training
+    length in ``ppl`` and growth past it in ``own``."""
+    logs = grown.assign(ppl=np.log(grown["perplexity"]), own=np.log(grown["growth"]))
+    return np.exp(logs.groupby(["eval_mode", "label", "eval_len"])[["ppl", "own"]].mean())
+
+
+#: how a cell of :func:`versus_grid` marks a difference that counts
+MARKS = {"lower": " <", "higher": " >", "not resolved": ""}
+
+
+def versus_grid(table: pd.DataFrame, means: pd.DataFrame, mode: str, methods, names: dict,
+                train_len: int) -> pd.DataFrame:
+    """One mode of a methods-against-baselines family (``in_words.against_baselines``) as a grid: a row per method
+    in ``methods``' order, a column per baseline and length holding the ratio, marked ``<`` or ``>`` where the
+    difference counts (:data:`MARKS`), then each method's own growth past ``train_len`` from
+    :func:`geometric_means` (``means``) in that mode, untested. ``names`` gives the printed names of methods and
+    baselines (a baseline's "RoPE with " left out)."""
+    part = table[table["mode"] == mode]
+    part = part.assign(cell=[f"{r.ratio:.2f}{MARKS[r.outcome]}" for r in part.itertuples()], a=part["a"].map(names))
+    grid = part.pivot_table(index="a", columns=["b", "eval_len"], values="cell", aggfunc="first")
+    grid = grid.reindex([names[n] for n in methods])
+    grid.columns = [f"{names[b].removeprefix('RoPE with ')} {n}" for b, n in grid.columns]
+    own = means.loc[mode, "own"].unstack().drop(columns=train_len).rename(names)
+    for n in own.columns:
+        grid[f"own {n}"] = own.loc[grid.index, n].map("{:.2f}".format)
+    return grid
