@@ -401,9 +401,9 @@ def methods_tests_line(ch: MethodsChapter, table) -> str:
              f"{METHODS_LEN:,} is at most the lead at {n}.")
     lower = table[(table["b"] == "rope/yarn") & (table["eval_len"] == METHODS_LEN) & (table["outcome"] == "lower")
                   & (table["mode"] == "nonoverlapping")]["a"]
+    far = methods_perplexity(ch)[METHODS_LEN]
     share = {m: np.log(growth.loc[m, METHODS_LEN] / growth.loc["rope/yarn", METHODS_LEN])
-             / np.log(methods_perplexity(ch).loc[m, METHODS_LEN] / methods_perplexity(ch).loc["rope/yarn", METHODS_LEN])
-             for m in lower}
+             / np.log(far[m] / far["rope/yarn"]) for m in lower}
     mostly = [m for m in methods if share.get(m, 0) > 0.5]
     yarn_growth = f"RoPE with YaRN grows {growth.loc['rope/yarn', METHODS_LEN]:.2f} times by {METHODS_LEN:,}"
     if mostly and len(mostly) == len(share):

@@ -127,10 +127,7 @@ def label_column(df) -> "pandas.Series":
 def gain_table(rows) -> "pandas.DataFrame":
     """Per label and length: the mean over seeds of the far targets' loss with full and limited attention, the
     gain, the shares that got better and worse, and the far repeats' share and gain; ``seeds`` counts them."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    df = df[df["status"] == "ok"].assign(label=label_column)
+    df = ratio_frame(rows)
     cols = ["far_loss_full", "far_loss_reach", "gain", "share_better", "share_worse", "share_repeats", "gain_repeats",
             "gain_others"]
     table = df.groupby(["label", "eval_len"])[cols].mean()
@@ -149,7 +146,6 @@ def ratio_frame(rows) -> "pandas.DataFrame":
     df = pd.DataFrame(rows)
     df = df[df["status"] == "ok"]
     return df.assign(label=label_column, ratio=np.exp(-df["gain"]))
-
 
 
 def _per_seed(df, label, length, column):
