@@ -82,3 +82,27 @@ def test_the_far_ratio_figure_orders_models_by_their_mean_at_the_longest_length(
     assert shown == [{"fox": "FoX"}.get(n, n) for n in means.index]
     assert ax.get_yscale() == "log" and "512 keys" in ax.get_ylabel()
     plt.close(fig)
+
+
+def test_beats_reads_sliding_windows_and_the_longest_length_in_non_overlapping_ones(trained):
+    rows, methods = trained
+    table = in_words.against_baselines(rows, methods)
+    out = in_words.beats(table, "alibi")
+    sliding = set(table.loc[table["mode"] == "sliding", "eval_len"])
+    every = set(table["eval_len"])
+    assert len(out) == len(methods) * len(every)
+    assert set(out.loc[out["mode"] == "sliding", "eval_len"]) == sliding
+    assert set(out.loc[out["mode"] == "nonoverlapping", "eval_len"]) == every - sliding
+    for row in out.itertuples():
+        source = table[(table["a"] == row.method) & (table["b"] == "alibi") & (table["eval_len"] == row.eval_len)
+                       & (table["mode"] == row.mode)].iloc[0]
+        assert row.ratio == source["ratio"]
+        # the declared rule, spelled out: lower by at least 1 % and surviving Benjamini-Hochberg
+        assert row.beats == (source["ratio"] <= 0.99 and source["p BH"] <= 0.05 and source["sign"] == "<")
+    assert out["beats"].any() and not out["beats"].all()  # the rule separates chapter 13's methods
+
+
+def test_beats_names_a_baseline_missing_from_the_table(trained):
+    rows, methods = trained
+    with pytest.raises(ValueError, match="no comparison with t5"):
+        in_words.beats(in_words.against_baselines(rows, methods[:1]), "t5")

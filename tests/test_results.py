@@ -108,11 +108,12 @@ def test_a_context_run_has_no_model_shape_or_spec_of_its_own():
 
 
 def test_the_lab_modules_examples_run():
-    """The examples in the docstrings of the experiments' shared parts and of the run kinds."""
+    """The examples in the docstrings of the experiments' shared parts, of the run kinds and of the verdicts in words."""
     import doctest
 
     from posenc_lab.lab.experiments import families, recipe
+    from posenc_lab.lab.verdicts import in_words
 
-    for module in (recipe, families):
+    for module in (recipe, families, in_words):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted >= 1 and result.failed == 0, module.__name__

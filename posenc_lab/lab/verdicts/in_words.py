@@ -99,7 +99,8 @@ NAMES = {"nope": "NoPE", "sinusoidal": "the sinusoids", "learned": "the learned 
          "rope/yarn": "RoPE with YaRN", "alibi": "ALiBi", "t5": "T5", "xpos": "xPos", "kerple": "KERPLE",
          "fire": "FIRE", "ssmax": "SSMax", "ssmax-rope": "SSMax on RoPE", "nope-temp": "Llama 4's temperature",
          "irope": "iRoPE", "gemma3": "Gemma 3's layers", "rnope-swa": "RNoPE-SWA", "fope": "FoPE", "fox": "FoX",
-         "cope": "CoPE"}
+         "cope": "CoPE", "stick-breaking": "stick-breaking", "path": "PaTH", "path-fox": "PaTH with FoX",
+         "dape-alibi": "DAPE on ALiBi", "dape-kerple": "DAPE on KERPLE", "dape-fire": "DAPE on FIRE"}
 
 
 def _name(label: str) -> str:
@@ -377,6 +378,36 @@ def judged(table: pd.DataFrame) -> pd.DataFrame:
     least 1 % and survives Benjamini-Hochberg over the table, ``not resolved`` otherwise."""
     counts = (table["sign"] != "~") & (table["survives"] != "none")
     return table.assign(outcome=table["sign"].map({"<": "lower", ">": "higher"}).where(counts, "not resolved"))
+
+
+def beats(table: pd.DataFrame, baseline: str = "alibi", *, mode: str = "sliding",
+          fallback: str = "nonoverlapping") -> pd.DataFrame:
+    """Whether each method of :func:`against_baselines`' ``table`` beats ``baseline`` at each length: its perplexity
+    is lower by at least 1 % and the difference survives Benjamini-Hochberg over the whole table (``outcome`` is
+    ``lower``), read in ``mode``'s windows, or in ``fallback``'s at a length ``mode`` did not evaluate (the row's
+    ``mode`` says which). One row per method and length, in the table's order, with ``ratio``, ``low``, ``high``,
+    ``p BH``, ``outcome`` and ``beats``.
+
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"mode": ["sliding", "nonoverlapping", "nonoverlapping"], "a": ["m"] * 3,
+    ...                   "b": ["alibi"] * 3, "eval_len": [512, 512, 8192], "ratio": [0.95, 0.9, 0.97],
+    ...                   "low": [0.9] * 3, "high": [0.99] * 3, "p BH": [0.01] * 3,
+    ...                   "outcome": ["lower", "lower", "not resolved"]})
+    >>> beats(t)[["eval_len", "mode", "beats"]].values.tolist()
+    [[512, 'sliding', True], [8192, 'nonoverlapping', False]]
+    """
+    against = table[table["b"] == baseline]
+    if against.empty:
+        raise ValueError(f"the table has no comparison with {baseline}")
+    chosen = []
+    for (method, length), cell in against.groupby(["a", "eval_len"], sort=False):
+        for wanted in (mode, fallback):
+            row = cell[cell["mode"] == wanted]
+            if not row.empty:
+                chosen.append(row.iloc[0])
+                break
+    out = pd.DataFrame(chosen)[["a", "eval_len", "mode", "ratio", "low", "high", "p BH", "outcome"]]
+    return out.rename(columns={"a": "method"}).assign(beats=lambda d: d["outcome"] == "lower").reset_index(drop=True)
 
 
 def against_in_words(table: pd.DataFrame, baseline: str, length: int, mode: str = "nonoverlapping") -> str:
