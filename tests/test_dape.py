@@ -154,6 +154,35 @@ def test_dape_reads_one_pair_and_v2_its_neighbours_along_the_keys():
         assert changed == reached, (kernel, changed)
 
 
+def test_v2_differs_from_the_released_form_only_at_the_querys_own_key():
+    """The released DAPE v2 zeroes the unseen keys before its first convolution only; the package zeroes them before
+    the second too (for the key/value cache). With kernel 3, the two forms, written here with plain convolutions in
+    float64, give the same f on every seen pair but the query's own key, and differ there (but for the last query,
+    which has no unseen key next to its own)."""
+    from posenc_lab.encodings.adaptive import dape_term
+
+    n = 9
+    enc = perturbed("dape-kerple", kernel=3).double()
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(B, H, n, n, generator=g, dtype=torch.float64)
+    base = torch.randn(H, n, n, generator=g, dtype=torch.float64)
+    hidden = torch.ones(n, n, dtype=torch.bool).triu(1)
+
+    def conv(x, layer):  # a width-3 convolution along the keys, one zero of padding each side
+        return F.conv2d(x, layer.weight, layer.bias, padding=(0, 1))
+
+    features = torch.cat([scores, base.expand(scores.shape)], dim=1).masked_fill(hidden, 0.0)
+    released = conv(F.leaky_relu(conv(features, enc.inner), 0.01), enc.outer)
+    with torch.no_grad():
+        ours = dape_term(scores, base, hidden, enc.inner, enc.outer)
+    own = torch.eye(n, dtype=torch.bool)
+    own[-1, -1] = False  # the last query's row ends at its own key in both forms
+    off = ~hidden & ~torch.eye(n, dtype=torch.bool)
+    torch.testing.assert_close(ours[..., off], released[..., off], rtol=0, atol=1e-12)
+    assert (ours[..., own] - released[..., own]).abs().min() > 1e-6
+    torch.testing.assert_close(ours[..., -1, -1], released[..., -1, -1], rtol=0, atol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------- causality
 
 

@@ -17,9 +17,10 @@ not see change none of its outputs.
 DAPE v2 (Zheng et al. 2025, "process attention score as feature map") widens both maps into convolutions along the
 keys of one query's row: ``kernel = t`` (3 in the paper) lets pair ``(i, j)`` read pairs ``(i, j - t//2 ..
 j + t//2)``. ``kernel = 1`` is DAPE itself. The released code zeroes the entries of the keys after the query
-before its first convolution; here the keys a query does not see are zeroed before each of the two, so that no unseen
-key reaches a seen one through the hidden layer either, and a query attending with a key/value cache (its row
-ending at its own key) gets the same logits as in one pass over the whole window.
+before its first convolution, which already keeps what those keys say out of the row; here they are zeroed before
+each of the two, so that a query attending with a key/value cache (its row ending at its own key, the hidden layer
+padded with zeros past it) gets the same logits as in one pass over the whole window. With ``kernel = 3`` this
+changes one logit of each row but the window's last from the released code's: that of the query's own key.
 
 The bias reads the queries and keys, so the attention backends compute it from them
 (:meth:`~posenc_lab.encodings.Encoding.token_bias`, handed the pairs' positions for the base bias).
