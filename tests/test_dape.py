@@ -175,9 +175,10 @@ def test_v2_differs_from_the_released_form_only_at_the_querys_own_key():
     released = conv(F.leaky_relu(conv(features, enc.inner), 0.01), enc.outer)
     with torch.no_grad():
         ours = dape_term(scores, base, hidden, enc.inner, enc.outer)
-    own = torch.eye(n, dtype=torch.bool)
+    diagonal = torch.eye(n, dtype=torch.bool)
+    off = ~hidden & ~diagonal
+    own = diagonal.clone()
     own[-1, -1] = False  # the last query's row ends at its own key in both forms
-    off = ~hidden & ~torch.eye(n, dtype=torch.bool)
     torch.testing.assert_close(ours[..., off], released[..., off], rtol=0, atol=1e-12)
     assert (ours[..., own] - released[..., own]).abs().min() > 1e-6
     torch.testing.assert_close(ours[..., -1, -1], released[..., -1, -1], rtol=0, atol=1e-12)
