@@ -176,9 +176,16 @@ def clean_source(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def colab(tmp_path_factory):
-    """One Colab-like environment for the module's tests: its python, its environment variables, its folder."""
+    """One Colab-like environment for the module's tests: its python, its environment variables, its folder. The
+    chapters' shared setup cell has run in it once, so posenc_lab and its results are installed from the clone, as
+    on Colab after a chapter's first cell; the install itself is tested on its own, from an environment without
+    them."""
     root = tmp_path_factory.mktemp("colab")
-    return colab_like_venv(root / "venv"), colab_env(root), root
+    py, env = colab_like_venv(root / "venv"), colab_env(root)
+    setup = subprocess.run([str(py), "-c", install_cell(NOTEBOOKS[0])], capture_output=True, text=True, cwd=root,
+                           env=env, timeout=600)
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    return py, env, root
 
 
 @pytest.mark.slow
@@ -201,15 +208,16 @@ def test_colab_like_environment_installs_the_package(colab):
 @pytest.mark.slow
 @pytest.mark.parametrize("md", NOTEBOOKS, ids=CHAPTERS)
 def test_chapter_runs_alone_as_colab_opens_it(md, colab, tmp_path):
-    """The chapter's .ipynb, copied alone into an empty folder, executed top to bottom by nbval in an environment
-    without posenc_lab, whose first cell installs it: the outputs nbval expects, and no file outside the notebook
-    read. This is the suite's nbval check of each chapter (`make test-notebooks` runs nbval in .venv; the built-book
-    test renders these committed outputs without executing the chapters again)."""
+    """The chapter's .ipynb, copied alone into an empty folder, executed top to bottom by nbval in the Colab-like
+    environment, where the shared first cell has installed posenc_lab and its results from the clone: the outputs
+    nbval expects, and no file outside the notebook read. (Every chapter's first cell is the same, and
+    `test_colab_like_environment_installs_the_package` runs it where nothing is installed.) This is the suite's nbval
+    check of each chapter (`make test-notebooks` runs nbval in .venv; the built-book test renders these committed
+    outputs without executing the chapters again)."""
     py, env, _ = colab
     alone = tmp_path / md.stem
     alone.mkdir()
     shutil.copy(md.with_suffix(".ipynb"), alone)
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "posenc-lab"], capture_output=True, env=env)
     result = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                              "--nbval", "--nbval-current-env", "--nbval-cell-timeout=900", md.with_suffix(".ipynb").name],
                             capture_output=True, text=True, cwd=alone, env=env, timeout=1800)

@@ -295,3 +295,14 @@ def test_accuracy_vs_length_draws_each_labels_seed_mean_and_range():
     with pytest.raises(ValueError, match="no retrieval rows for cope"):
         plots.accuracy_vs_length(rows, ax, labels=["cope"])
     plt.close(fig)
+
+
+def test_every_method_the_book_draws_has_a_colour_of_its_own():
+    """Two lines of one figure never share a colour: every encoding and RoPE strategy the chapters draw has a fixed,
+    distinct colour, the methods past the softmax included."""
+    from posenc_lab.lab.figures import plots
+
+    named = plots._DISTINCT
+    assert len(set(named.values())) == len(named)
+    for name in ("stick-breaking", "path", "path-fox", "dape-alibi", "dape-kerple", "dape-fire"):
+        assert name in named and plots.style(name)["color"] == named[name]

@@ -71,6 +71,9 @@ _DISTINCT = {
     # the methods of 2024-26, drawn beside ALiBi, RoPE and YaRN (chapter 13)
     "fox": "#d95f02", "cope": "#7570b3", "ssmax": "#a6761d", "ssmax-rope": "#1b9e77", "fope": "#e6ab02",
     "nope-temp": "#666666", "irope": "#8e0152", "gemma3": "#01665e", "rnope-swa": "#5e3c99",
+    # past the fixed bias and the softmax (chapter 14), each family in one hue
+    "stick-breaking": "#b2182b", "path": "#f46d43", "path-fox": "#fdae61", "dape-kerple": "#762a83",
+    "dape-alibi": "#9970ab", "dape-fire": "#40004b",
 }
 _SPARE = ("#66a61e", "#e6ab02", "#a6761d", "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#666666")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "*", "<", ">", "p")
