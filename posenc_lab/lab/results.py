@@ -63,6 +63,8 @@ RUNS = {
     "recent-cpu": "make results-recent: what 2024-26 added (chapter 13): SSMax on NoPE and on RoPE, Llama 4's "
                   "temperature, iRoPE, Gemma 3's and RNoPE-SWA's local/global layers, FoPE, FoX and CoPE with "
                   "article-cpu's recipe, three seeds",
+    "past-softmax-cpu": "make results-past-softmax: past the fixed bias and the softmax (chapter 14): stick-breaking "
+                        "attention, PaTH and DAPE on KERPLE with article-cpu's recipe, three seeds",
     "retrieval-digits-recent": "make results-digits-recent: retrieval-digits-cpu's task and recipe for FoX, CoPE, SSMax "
                                "on RoPE and Gemma 3's layers (1 : 1 in the 2-layer model), three seeds",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
