@@ -1,5 +1,5 @@
 """The newer methods' tables, recomputed apart from the package: chapters 13's and 14's perplexity tables against their
-with scipy's paired t-test and Benjamini-Hochberg, and the retrieval family with scipy's Fisher test per seed."""
+baselines with scipy's paired t-test and Benjamini-Hochberg, and the retrieval family with scipy's Fisher test per seed."""
 
 from pathlib import Path
 
