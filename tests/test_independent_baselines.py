@@ -19,9 +19,8 @@ def lv(df, mode, name, n):
     return c.sort_index()
 
 
-#: each methods chapter's language-model run and the run its baselines come from (the same batches, seed by seed):
-#: chapter 13's (its README block's) and chapter 14's
-METHOD_RUNS = [(ch.run, ch.base) for ch in readme.METHOD_BLOCKS.values()] + [("past-softmax-cpu", "article-cpu")]
+#: each methods chapter's language-model run and the run its baselines come from (the same batches, seed by seed)
+METHOD_RUNS = [(ch.run, ch.base) for ch in readme.METHOD_BLOCKS.values()]
 
 
 @pytest.mark.parametrize("run, base", METHOD_RUNS)

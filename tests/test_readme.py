@@ -200,7 +200,10 @@ def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat(bloc
     family = far_context_family(readme.methods_far_rows(ch))
     helped = set(family[(family["question"] == "uses the far context") & (family["verdict"] == "holds")
                         & (family["survives"] != "none")]["label"])
-    assert helped, "the committed runs have a method the far bytes help"
+    if not helped:  # then there is nothing to repair, and the line must not say so
+        assert block != "recent", "chapter 13's committed runs have a method the far bytes help"
+        assert "repairs" not in line and "Helped by the far bytes: none." in line
+        return
     gain = [r for r in results.read_json(ch.far, "gain.json") if r["status"] == "ok"]
     train = [r for r in readme.rows_of(ch.run) if r["eval_mode"] == "nonoverlapping" and r["eval_len"] == 512]
     for method in helped:
@@ -221,7 +224,7 @@ def test_far_bytes_that_help_a_broken_limited_form_carry_chapter_13s_caveat(bloc
     assert line.index("Helped by the far bytes") < line.index("repairs") < line.index("Hurt by them")
 
 
-@pytest.mark.parametrize("block, ch", list(readme.METHOD_BLOCKS.items()))
+@pytest.mark.parametrize("block, ch", [(b, ch) for b, ch in readme.METHOD_BLOCKS.items() if ch.digits])
 def test_recent_digits_line_names_exactly_the_family_outcomes(block, ch):
     """Each method the digits line puts under 'higher' or 'lower' against ALiBi and against YaRN carries that outcome
     in chapter 13's family at exactly the lengths named, and every counted difference of the family is named."""

@@ -276,8 +276,9 @@ def _seed_range(seeds: list[int]) -> str:
 class MethodsChapter:
     """A chapter that trains newer methods with ``base``'s recipe and reads them against its baselines: the
     language-model run ``run`` (perplexity to :data:`METHODS_LEN`), its far-context run ``far`` beside ``far_base``'s
-    baselines, and its digits run ``digits`` beside ``digits_base``'s; ``nope_is`` says what NoPE is to its methods
-    where the README gives NoPE's ratio at the training length."""
+    baselines, and its digits run ``digits`` beside ``digits_base``'s (``None`` while the chapter has no digits run:
+    the block then has no digits line); ``nope_is`` says what NoPE is to its methods where the README gives NoPE's
+    ratio at the training length."""
 
     number: int
     what: str
@@ -285,9 +286,9 @@ class MethodsChapter:
     base: str
     far: str
     far_base: str
-    digits: str
-    digits_base: str
     nope_is: str
+    digits: str | None = None
+    digits_base: str | None = None
 
 
 #: the number words the README uses for a chapter's count of methods
@@ -295,10 +296,13 @@ _COUNT = dict(enumerate(("no", "one", "two", "three", "four", "five", "six", "se
                          "twelve")))
 #: chapter 13, the methods of 2024-26
 RECENT = MethodsChapter(13, "methods of 2024–26", "recent-cpu", "article-cpu", "context-recent", "context-cpu",
-                        "retrieval-digits-recent", "retrieval-digits-cpu",
-                        "the base of SSMax and Llama 4's temperature")
+                        "the base of SSMax and Llama 4's temperature",
+                        digits="retrieval-digits-recent", digits_base="retrieval-digits-cpu")
+#: chapter 14, past the fixed bias and the softmax
+PAST_SOFTMAX = MethodsChapter(14, "methods past the fixed bias and the softmax", "past-softmax-cpu", "article-cpu",
+                              "context-past-softmax", "context-cpu", "the base of stick-breaking")
 #: the README's block of each methods chapter, by block name
-METHOD_BLOCKS = {"recent": RECENT}
+METHOD_BLOCKS = {"recent": RECENT, "past-softmax": PAST_SOFTMAX}
 #: the length at which the README reads them: the longest evaluated, sixteen times the training length
 METHODS_LEN = 8192
 #: the encodings of a chapter's ``base`` the README reads the newer methods against: the baselines, plain RoPE (the
@@ -379,7 +383,10 @@ def methods_growth_line(ch: MethodsChapter) -> str:
         far = these[METHODS_LEN]
         lo, hi = (100 * (far.min() - 1), 100 * (far.max() - 1)) if "%" in words else (far.min(), far.max())
         named = _listed([f"{in_words.NAMES.get(m, m)} {_ratios(g)}" for m, g in these.iterrows()])
-        sentences.append(f"{words.format(lo=lo, hi=hi, n=METHODS_LEN)}: {named}.")
+        said = words.format(lo=lo, hi=hi, n=METHODS_LEN)
+        if said == words.format(lo=hi, hi=hi, n=METHODS_LEN):  # one value as printed: "18 % by", not "18 to 18 %"
+            said = re.sub(r"\{lo:[^}]*\} to ", "", words).format(hi=hi, n=METHODS_LEN)
+        sentences.append(f"{said}: {named}.")
     return " ".join(sentences)
 
 
@@ -424,7 +431,7 @@ def methods_block(ch: MethodsChapter) -> str:
     """A methods chapter's block (chapter 13's methods of 2024-26 for ``recent``): quality at the training length
     and growth past it read apart, then the tested ratios to ALiBi and RoPE with YaRN at :data:`METHODS_LEN` in
     non-overlapping windows (:func:`~posenc_lab.lab.verdicts.in_words.against_baselines`: the family of the
-    chapter's table), the far bytes and the digits task."""
+    chapter's table), the far bytes, and the digits task where the chapter has a digits run."""
     rows, methods = methods_rows(ch)
     table = in_words.against_baselines(rows, methods)
     seeds = len(_spec(ch.run).seeds)
@@ -433,7 +440,8 @@ def methods_block(ch: MethodsChapter) -> str:
              "past it apart (non-overlapping windows, the seeds' geometric mean):"]
     lines += [f"- {methods_quality_line(ch)}", f"- {methods_growth_line(ch)}", f"- {methods_tests_line(ch, table)}"]
     lines.append(f"- {methods_far_line(ch)}")
-    lines.append(f"- {methods_digits_line(ch)}")
+    if ch.digits:
+        lines.append(f"- {methods_digits_line(ch)}")
     return "\n".join(lines)
 
 

@@ -80,6 +80,8 @@ RUNS = {
                         "every seed, no retraining (no passkey, no streams)",
     "context-recent": "make results-context-recent: the gain from context past 512 bytes on recent-cpu's models "
                       "(chapter 13), every seed (no passkey, no streams)",
+    "context-past-softmax": "make results-context-past-softmax: the gain from context past 512 bytes on "
+                            "past-softmax-cpu's models (chapter 14), every seed (no passkey, no streams)",
 }
 #: the tables of a context run (``python -m posenc_lab context``); every other run has ``results.json``
 CONTEXT_TABLES = ("gain.json", "passkey.json", "stream.json")
