@@ -19,27 +19,20 @@ def lv(df, mode, name, n):
     return c.sort_index()
 
 
-#: each methods chapter's language-model run and the run its baselines come from (the same batches, seed by seed)
-METHOD_RUNS = [(ch.run, ch.base) for ch in readme.METHOD_BLOCKS.values()]
-
-
-@pytest.mark.parametrize("run, base", METHOD_RUNS)
-def test_the_newer_methods_against_their_baselines_agree_with_scipy(run, base):
-    """A methods chapter's table, which its README line reads where it has one (chapter 13's ``recent-cpu``, chapter
-    14's ``past-softmax-cpu``): each method against ALiBi and RoPE with YaRN of its base run (``article-cpu``: the
-    same batches, seed by seed), recomputed with scipy's paired t-test on the log scale and scipy's
-    Benjamini-Hochberg over the whole table, with the symmetric 1 % floor."""
-    from posenc_lab.lab import results
+@pytest.mark.parametrize("ch", list(readme.METHOD_BLOCKS.values()))
+def test_the_newer_methods_against_their_baselines_agree_with_scipy(ch):
+    """A methods chapter's table and the README's line (chapter 13's ``recent-cpu``, chapter 14's
+    ``past-softmax-cpu``): each method against ALiBi and RoPE with YaRN of its base run (``article-cpu``: the same
+    batches, seed by seed), recomputed with scipy's paired t-test on the log scale and scipy's Benjamini-Hochberg over
+    the whole table, with the symmetric 1 % floor."""
     from posenc_lab.lab.verdicts import in_words
-    from posenc_lab.lab.verdicts.statistics import label
 
     frames = []
-    for name in (run, base):
-        df = pd.read_csv(ROOT / "results" / name / "results.csv")
+    for run in (ch.run, ch.base):
+        df = pd.read_csv(ROOT / "results" / run / "results.csv")
         frames.append(df.assign(label=np.where(df.strategy == "-", df.encoding, df.encoding + "/" + df.strategy)))
     df = pd.concat(frames)
-    methods = list(results.read_json(run, "config.json")["spec"]["encodings"])
-    rows = results.rows(run) + [r for r in results.rows(base) if label(r) in in_words.BASELINES]
+    rows, methods = readme.methods_rows(ch)
     mine = []
     for b in in_words.BASELINES:
         for a in methods:
@@ -59,8 +52,9 @@ def test_the_newer_methods_against_their_baselines_agree_with_scipy(run, base):
     theirs = in_words.against_baselines(rows, methods)
     key = ["a", "b", "mode", "eval_len"]
     both = mine.merge(theirs, on=key, suffixes=("", " package"), validate="one_to_one")
-    lengths = {mode: len(set(df[(df.label == "alibi") & (df.eval_mode == mode)].eval_len)) for mode in ("nonoverlapping", "sliding")}
-    assert len(both) == len(mine) == len(theirs) == len(methods) * len(in_words.BASELINES) * sum(lengths.values())
+    lengths = sum(df[(df.label == "alibi") & (df.eval_mode == mode)].eval_len.nunique()
+                  for mode in ("nonoverlapping", "sliding"))
+    assert len(both) == len(mine) == len(theirs) == len(methods) * len(in_words.BASELINES) * lengths
     assert (both["test"] == "paired").all()
     assert both["p"].to_numpy() == pytest.approx(both["p package"].to_numpy(), rel=1e-9)
     wrong = both[both["outcome"] != both["outcome package"]]
