@@ -140,6 +140,8 @@ results-context-past-softmax: env
 results-digits-past-softmax: env
 	$(PY) -m posenc_lab retrieval --preset retrieval-digits-past-softmax --out runs/retrieval-digits-past-softmax
 	$(call commit_run,retrieval-digits-past-softmax)
+	$(PY) -c "from posenc_lab.lab import results; [results.export_models('runs/retrieval-digits-past-softmax', \
+	  'retrieval-digits-past-softmax', ['stick-breaking'], seed=s) for s in (0, 1, 2)]"
 
 # the gain from context past 512 on recent-cpu's models (every seed's weights in runs/recent-cpu/models)
 results-context-recent: env

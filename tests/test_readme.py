@@ -232,7 +232,9 @@ def test_recent_digits_line_names_exactly_the_family_outcomes(block, ch):
     rows, methods = readme.methods_digits_rows(ch)
     learned, not_learned = findings.learned_methods(rows, methods)
     family = findings.retrieval_against_baselines(rows, learned)
-    assert "not learned: " + (", ".join(findings.NAMES.get(m, m) for m in not_learned) or "none") in line
+    names = [findings.NAMES.get(m, m) for m in not_learned]
+    listed = " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"  # "a, b and c"
+    assert "not learned: " + listed + ". " in line
     assert "higher is better" in line and " higher:" not in line and " lower:" not in line
     for baseline, name in (("alibi", "ALiBi"), ("rope/yarn", "RoPE with YaRN")):
         part = line.split(f"Against {name}, ")[1].split(".")[0]

@@ -300,7 +300,8 @@ RECENT = MethodsChapter(13, "methods of 2024–26", "recent-cpu", "article-cpu",
                         digits="retrieval-digits-recent", digits_base="retrieval-digits-cpu")
 #: chapter 14, past the fixed bias and the softmax
 PAST_SOFTMAX = MethodsChapter(14, "methods past the fixed bias and the softmax", "past-softmax-cpu", "article-cpu",
-                              "context-past-softmax", "context-cpu", "the base of stick-breaking")
+                              "context-past-softmax", "context-cpu", "the base of stick-breaking",
+                              digits="retrieval-digits-past-softmax", digits_base="retrieval-digits-cpu")
 #: the README's block of each methods chapter, by block name
 METHOD_BLOCKS = {"recent": RECENT, "past-softmax": PAST_SOFTMAX}
 #: the length at which the README reads them: the longest evaluated, sixteen times the training length

@@ -67,6 +67,8 @@ RUNS = {
                         "attention, PaTH and DAPE on KERPLE with article-cpu's recipe, three seeds",
     "retrieval-digits-recent": "make results-digits-recent: retrieval-digits-cpu's task and recipe for FoX, CoPE, SSMax "
                                "on RoPE and Gemma 3's layers (1 : 1 in the 2-layer model), three seeds",
+    "retrieval-digits-past-softmax": "make results-digits-past-softmax: retrieval-digits-cpu's task and recipe for "
+                                     "stick-breaking, PaTH and DAPE on KERPLE (chapter 14), three seeds",
     "context-cpu": "make results-context: article-cpu's models of every seed, no retraining: the gain from context "
                    "past 512 bytes, a passkey in Python (which digit was chosen is not recorded), streams "
                    "with and without attention sinks",
